@@ -1,0 +1,38 @@
+"""tl_geometry: how attention heads select tokens, measured in the geometry of value space.
+
+A TransformerLens plugin implementing "Geometric Analysis of Token Selection in Multi-Head
+Attention" under the definitions of SPEC.md. Start with::
+
+    import tl_geometry as tlg
+    model = tlg.load_model("smollm2-135m")
+    result = tlg.analyze(model, tlg.corpus.python_docs(n_seqs=8, seq_len=512))
+    result.separability
+"""
+
+from . import corpus
+from .analysis import AnalysisResult, analyze
+from .errors import InputError, ModelError, TLGeometryError
+from .models import DEFAULT_MODEL, ModelInfo, describe_model, kv_head_index, load_model
+from .selection import log_spaced_ns
+from .separability import PrecisionRecallAtRadius, Separability, precision_recall_at_radius, separability
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AnalysisResult",
+    "DEFAULT_MODEL",
+    "InputError",
+    "ModelError",
+    "ModelInfo",
+    "PrecisionRecallAtRadius",
+    "Separability",
+    "TLGeometryError",
+    "analyze",
+    "corpus",
+    "describe_model",
+    "kv_head_index",
+    "load_model",
+    "log_spaced_ns",
+    "precision_recall_at_radius",
+    "separability",
+]

@@ -1,0 +1,309 @@
+"""``analyze``: run a model over a corpus and measure separability for every layer and head.
+
+The result is an :class:`AnalysisResult` whose tables are tidy pandas DataFrames (SPEC §6). With
+``out_dir`` the per-batch results are written to disk as they are produced and a later call with
+the same arguments resumes where an interrupted one stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from .capture import LayerBatch, resolve_query_positions, run_streaming, values_per_head
+from .corpus import Corpus, TokenCorpus, from_texts, from_tokens
+from .errors import InputError
+from .models import ModelInfo, describe_model, load_model
+from .selection import NsLike, resolve_ns
+from .separability import separability
+
+SEPARABILITY_COLUMNS = [
+    "seq", "layer", "head", "kv_head", "query_pos", "n",
+    "precision", "recall", "r_min", "r_max", "f_at_rmax", "f_at_rmin",
+]  # fmt: skip
+_METRICS = SEPARABILITY_COLUMNS[6:]
+
+
+class SeparabilityObserver:
+    """Computes :func:`tl_geometry.separability` for every head and chosen query row of a layer.
+
+    Keeps only the ``[batch, head, n]`` results (float64) of each layer and query position.
+    """
+
+    def __init__(self, info: ModelInfo, ns: NsLike, dtype: torch.dtype = torch.float64) -> None:
+        self.info = info
+        self.ns = ns
+        self.dtype = dtype
+        self.kv_head_of = info.kv_head_of()
+        self.chunks: list[pd.DataFrame] = []
+
+    def observe(self, batch: LayerBatch) -> None:
+        values = values_per_head(batch.values, self.kv_head_of)  # [b, h, L, d]
+        for qi, q in enumerate(batch.query_positions):
+            n_keys = q + 1
+            res = separability(batch.weights[:, :, qi, :n_keys], values[:, :, :n_keys], self.ns, dtype=self.dtype)
+            self.chunks.append(self._table(batch, q, res))
+
+    def _table(self, batch: LayerBatch, q: int, res: Any) -> pd.DataFrame:
+        b, h, n = res.precision.shape
+        seq = batch.seq_ids.cpu().numpy()
+        heads = np.arange(h)
+        cols: dict[str, Any] = {
+            "seq": np.repeat(seq, h * n),
+            "layer": np.full(b * h * n, batch.layer, dtype=np.int64),
+            "head": np.tile(np.repeat(heads, n), b),
+            "kv_head": np.tile(np.repeat(self.kv_head_of.numpy(), n), b),
+            "query_pos": np.full(b * h * n, q, dtype=np.int64),
+            "n": np.tile(res.ns.cpu().numpy(), b * h),
+        }
+        for name in _METRICS:
+            cols[name] = getattr(res, name).reshape(-1).cpu().numpy()
+        return pd.DataFrame(cols)
+
+    def take(self) -> pd.DataFrame:
+        """The rows gathered since the last call, as one DataFrame (and forget them)."""
+        out = pd.concat(self.chunks, ignore_index=True) if self.chunks else _empty_separability()
+        self.chunks = []
+        return out
+
+
+def _empty_separability() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype="float64" if c in _METRICS else "int64") for c in SEPARABILITY_COLUMNS})
+
+
+@dataclass
+class AnalysisResult:
+    """Everything :func:`analyze` measured.
+
+    Attributes
+    ----------
+    separability : DataFrame
+        One row per (seq, layer, head, query_pos, n) with the columns ``seq, layer, head,
+        kv_head, query_pos, n, precision, recall, r_min, r_max, f_at_rmax, f_at_rmin``
+        (SPEC §2). Nothing is averaged: aggregate it yourself, e.g.
+        ``result.separability.groupby("n")[["precision", "recall"]].mean()``.
+    model : ModelInfo
+        The model's geometry (layers, heads, key/value heads, ``d_head``, BOS...).
+    config : dict
+        Corpus, window length, query positions, selection sizes and dtype used.
+    tokens : Tensor [n_seqs, seq_len]
+        The token windows analysed (row ``seq`` of the tables is row ``seq`` here).
+    timings : dict
+        ``total_s`` (wall time), ``analysis_s`` (time inside the hooks' computations) and
+        ``forward_s`` (the rest: the model's forward passes and bookkeeping).
+    """
+
+    separability: pd.DataFrame
+    model: ModelInfo
+    config: dict
+    tokens: Tensor = field(repr=False)
+    timings: dict = field(default_factory=dict)
+
+    def mean_by_n(self) -> pd.DataFrame:
+        """Mean precision, recall and F-scores per ``N`` over every sequence, layer, head and query."""
+        return self.separability.groupby("n")[_METRICS].mean().reset_index()
+
+    def __repr__(self) -> str:
+        s = self.separability
+        return (
+            f"AnalysisResult(model={self.model.name!r}, seqs={self.tokens.shape[0]}, seq_len={self.tokens.shape[1]}, "
+            f"layers={s.layer.nunique() if len(s) else 0}, heads={self.model.n_heads}, rows={len(s)})"
+        )
+
+
+def analyze(
+    model: Any,
+    corpus: Corpus | TokenCorpus | str | Sequence[str] | Tensor,
+    *,
+    ns: NsLike = "log",
+    query_positions: Any = "last",
+    layers: Sequence[int] | None = None,
+    batch_size: int = 4,
+    dtype: torch.dtype = torch.float64,
+    out_dir: str | Path | None = None,
+    resume: bool = True,
+    progress: bool = True,
+) -> AnalysisResult:
+    """Measure top-N separability of every attention head of ``model`` over ``corpus``.
+
+    Parameters
+    ----------
+    model : TransformerBridge, HookedTransformer or str
+        A TransformerLens model, or a name for :func:`tl_geometry.load_model`.
+    corpus : Corpus, TokenCorpus, str, list of str, or int tensor [n_seqs, seq_len]
+        The windows to analyse (see :mod:`tl_geometry.corpus`). Plain text is cut into windows
+        of 512 tokens; a tensor is taken as token ids.
+    ns : None, "all", "log" or list of int, default "log"
+        Selection sizes ``N``: "log" is a log-spaced grid (every ``N <= 8``, then 4 per
+        doubling, and ``N = K``); None or "all" is every ``N`` from 1 to ``K``.
+    query_positions : "last", int, list of int, or range, default "last"
+        Which query rows to analyse; a ``range(start, stop, stride)`` takes every ``stride``-th.
+        Negative positions count from the end.
+    layers : list of int, optional
+        Layers to analyse (default all). The forward pass stops after the last one.
+    batch_size : int, default 4
+        Windows per forward pass. Results do not depend on it.
+    dtype : torch.dtype, default torch.float64
+        Precision of the separability computation.
+    out_dir : str or Path, optional
+        If given, results are appended to ``out_dir/separability/`` after every batch, and an
+        interrupted run with the same arguments resumes from what was written (``resume=True``).
+    resume : bool, default True
+        With ``out_dir``: continue a previous run instead of refusing to overwrite it.
+    progress : bool, default True
+        Show a progress bar over sequences.
+
+    Returns
+    -------
+    AnalysisResult
+    """
+    model = load_model(model) if isinstance(model, str) else model
+    info = describe_model(model)
+    corpus = _as_corpus(corpus)
+    if corpus.seq_len > info.n_ctx:
+        raise InputError(
+            f"seq_len={corpus.seq_len} is longer than the model's context of {info.n_ctx} tokens; "
+            f"use seq_len <= {info.n_ctx}"
+        )
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    layer_list = _resolve_layers(layers, info.n_layers)
+    queries = resolve_query_positions(query_positions, corpus.seq_len)
+    for q in queries:  # validate ns against every row length before running anything
+        resolve_ns(ns, q + 1)
+
+    tokenizer = getattr(model, "tokenizer", None)
+    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    tokens = corpus.windows(tokenizer, info.bos_token_id, eos)
+    vocab = int(getattr(model.cfg, "d_vocab", 0) or 0)
+    if vocab and int(tokens.max()) >= vocab:
+        raise InputError(f"token id {int(tokens.max())} is outside the model's vocabulary of {vocab}")
+
+    config = {
+        "corpus": corpus.name,
+        "n_seqs": int(tokens.shape[0]),
+        "seq_len": int(tokens.shape[1]),
+        "ns": ns if isinstance(ns, (str, type(None))) else [int(n) for n in ns],
+        "query_positions": list(queries),
+        "layers": layer_list,
+        "dtype": str(dtype),
+    }
+    store = _ResultStore(Path(out_dir), config, resume) if out_dir is not None else None
+    observer = SeparabilityObserver(info, ns, dtype)
+    done = store.done_seqs() if store else set()
+    todo = [i for i in range(tokens.shape[0]) if i not in done]
+    kept: list[pd.DataFrame] = []
+    analysis_s = 0.0
+
+    def add_time(seconds: float) -> None:
+        nonlocal analysis_s
+        analysis_s += seconds
+
+    start = time.perf_counter()
+    bar = tqdm(total=tokens.shape[0], initial=len(done), desc="sequences", unit="seq", disable=not progress)
+    try:
+        for b0 in range(0, len(todo), batch_size):
+            ids = torch.tensor(todo[b0 : b0 + batch_size], dtype=torch.int64)
+            run_streaming(model, info, tokens[ids], ids, layer_list, queries, [observer], add_time)
+            table = observer.take()
+            if store:
+                store.write(ids.tolist(), table)
+            else:
+                kept.append(table)
+            bar.update(len(ids))
+    finally:
+        bar.close()
+    total_s = time.perf_counter() - start
+    table = store.read() if store else (pd.concat(kept, ignore_index=True) if kept else _empty_separability())
+    table = table.sort_values(["seq", "layer", "head", "query_pos", "n"], kind="stable").reset_index(drop=True)
+    return AnalysisResult(
+        separability=table,
+        model=info,
+        config=config,
+        tokens=tokens,
+        timings={"total_s": total_s, "analysis_s": analysis_s, "forward_s": total_s - analysis_s},
+    )
+
+
+def _as_corpus(corpus: Any) -> Corpus | TokenCorpus:
+    if isinstance(corpus, (Corpus, TokenCorpus)):
+        return corpus
+    if isinstance(corpus, Tensor):
+        return from_tokens(corpus)
+    if isinstance(corpus, str) or (isinstance(corpus, Sequence) and all(isinstance(t, str) for t in corpus)):
+        return from_texts(corpus)
+    raise InputError(
+        f"corpus of type {type(corpus).__name__} is not understood: pass tl_geometry.corpus.python_docs(), "
+        "from_texts([...]), from_tokens(tensor), a string or a list of strings"
+    )
+
+
+def _resolve_layers(layers: Sequence[int] | None, n_layers: int) -> list[int]:
+    if layers is None:
+        return list(range(n_layers))
+    out = sorted({int(layer) for layer in layers})
+    if not out:
+        raise InputError("layers is empty: give at least one layer or None for all")
+    bad = [layer for layer in out if not 0 <= layer < n_layers]
+    if bad:
+        raise InputError(f"layers {bad} do not exist: the model has layers 0..{n_layers - 1}")
+    return out
+
+
+class _ResultStore:
+    """Per-batch parquet parts in ``out_dir/separability/`` plus ``out_dir/progress.json``.
+
+    A part is written (to a temporary name, then renamed) before its sequences are recorded as
+    done, so an interruption at any moment leaves a directory that resumes without loss or
+    duplicates.
+    """
+
+    def __init__(self, out_dir: Path, config: dict, resume: bool) -> None:
+        self.dir = out_dir
+        self.parts = out_dir / "separability"
+        self.progress = out_dir / "progress.json"
+        self.config = config
+        if self.progress.exists():
+            saved = json.loads(self.progress.read_text())
+            if not resume:
+                raise InputError(f"{out_dir} already holds results: pass resume=True to continue, or another out_dir")
+            if saved["config"] != config:
+                raise InputError(
+                    f"{out_dir} holds a run with other settings ({saved['config']}); use another out_dir "
+                    "or the same settings to resume"
+                )
+            self.state = saved
+        else:
+            self.parts.mkdir(parents=True, exist_ok=True)
+            self.state = {"config": config, "done": [], "parts": []}
+            self._save()
+
+    def done_seqs(self) -> set[int]:
+        return set(self.state["done"])
+
+    def write(self, seq_ids: list[int], table: pd.DataFrame) -> None:
+        name = f"part-{seq_ids[0]:06d}-{seq_ids[-1]:06d}.parquet"
+        tmp = self.parts / (name + ".tmp")
+        table.to_parquet(tmp, index=False)
+        tmp.replace(self.parts / name)
+        self.state["done"].extend(seq_ids)
+        self.state["parts"].append(name)
+        self._save()
+
+    def read(self) -> pd.DataFrame:
+        frames = [pd.read_parquet(self.parts / name) for name in self.state["parts"]]
+        return pd.concat(frames, ignore_index=True) if frames else _empty_separability()
+
+    def _save(self) -> None:
+        tmp = self.progress.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state))
+        tmp.replace(self.progress)

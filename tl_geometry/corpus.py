@@ -1,0 +1,225 @@
+"""Corpora: deterministic, fixed-length token windows for the analysis.
+
+A corpus is a description (texts and window geometry); it becomes token windows only when it
+meets a tokenizer, in :func:`tl_geometry.analyze`. Windows are consecutive, non-overlapping
+slices of the token stream of all texts (documents separated by the EOS token when the tokenizer
+has one), taken from the start, so the same corpus and tokenizer always give the same windows.
+
+Every window starts with the model's BOS token when it has one (the window then holds
+``seq_len - 1`` text tokens). Position 0 is therefore a real attention-sink candidate, as in the
+paper's setting, rather than an arbitrary mid-document token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Texts to cut into ``n_seqs`` windows of ``seq_len`` tokens.
+
+    Attributes
+    ----------
+    name : str
+        A readable name, recorded with the results.
+    texts : callable returning an iterable of str
+        Called each time windows are made, so a corpus can be reused and streams large inputs.
+    n_seqs : int or None
+        Number of windows; None takes every whole window the texts give.
+    seq_len : int
+        Tokens per window, the BOS token included.
+    """
+
+    name: str
+    texts: Callable[[], Iterable[str]] = field(repr=False)
+    n_seqs: int | None
+    seq_len: int
+
+    def __post_init__(self) -> None:
+        _check_geometry(self.n_seqs, self.seq_len)
+
+    def windows(self, tokenizer: Any, bos_token_id: int | None, eos_token_id: int | None = None) -> Int[Tensor, "seq pos"]:
+        """Tokenise and cut the texts into windows: int64 tensor ``[n_seqs, seq_len]``."""
+        if tokenizer is None:
+            raise InputError(
+                f"corpus {self.name!r} is text but the model has no tokenizer: attach one to the model, "
+                "or pass token ids with tl_geometry.corpus.from_tokens(...)"
+            )
+        body = self.seq_len - (1 if bos_token_id is not None else 0)
+        if body < 1:
+            raise InputError(f"seq_len={self.seq_len} leaves no room for text after the BOS token; use seq_len >= 2")
+        needed = None if self.n_seqs is None else self.n_seqs * body
+        stream = _token_stream(self.texts(), tokenizer, eos_token_id, needed)
+        n_available = len(stream) // body
+        if n_available == 0:
+            if not stream:
+                raise InputError(f"corpus {self.name!r} is empty: it holds no text to analyse")
+            raise InputError(
+                f"corpus {self.name!r} has only {len(stream)} tokens, fewer than one window of {self.seq_len}; "
+                "use a smaller seq_len or more text"
+            )
+        n_seqs = n_available if self.n_seqs is None else self.n_seqs
+        if n_seqs > n_available:
+            raise InputError(
+                f"corpus {self.name!r} gives {n_available} windows of {self.seq_len} tokens "
+                f"({len(stream)} tokens), not the {n_seqs} asked for: lower n_seqs or seq_len, or pass n_seqs=None"
+            )
+        body_tokens = torch.tensor(stream[: n_seqs * body], dtype=torch.int64).reshape(n_seqs, body)
+        if bos_token_id is None:
+            return body_tokens
+        return torch.cat([torch.full((n_seqs, 1), bos_token_id, dtype=torch.int64), body_tokens], dim=1)
+
+
+@dataclass(frozen=True)
+class TokenCorpus:
+    """Windows given directly as token ids, ``[n_seqs, seq_len]``; used as they are."""
+
+    name: str
+    tokens: Int[Tensor, "seq pos"] = field(repr=False)
+
+    @property
+    def n_seqs(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.tokens.shape[1])
+
+    def windows(self, tokenizer: Any = None, bos_token_id: int | None = None, eos_token_id: int | None = None) -> Tensor:
+        return self.tokens
+
+
+def _check_geometry(n_seqs: int | None, seq_len: int) -> None:
+    if n_seqs is not None and (not isinstance(n_seqs, int) or n_seqs < 1):
+        raise InputError(f"n_seqs must be a positive integer or None (all windows), got {n_seqs!r}")
+    if not isinstance(seq_len, int) or seq_len < 2:
+        raise InputError(f"seq_len must be an integer >= 2 (BOS plus at least one token), got {seq_len!r}")
+
+
+def _token_stream(texts: Iterable[str], tokenizer: Any, eos_token_id: int | None, needed: int | None) -> list[int]:
+    """Concatenate the token ids of ``texts`` (EOS between documents), stopping once ``needed``."""
+    stream: list[int] = []
+    for text in texts:
+        if not isinstance(text, str):
+            raise InputError(f"corpus texts must be str, got {type(text).__name__}")
+        if not text.strip():
+            continue
+        if stream and eos_token_id is not None:
+            stream.append(int(eos_token_id))
+        stream.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if needed is not None and len(stream) >= needed:
+            break
+    return stream
+
+
+def python_docs_texts() -> list[str]:
+    """CPython's reference documentation topics (``pydoc_data.topics``), in sorted topic order."""
+    from pydoc_data.topics import topics
+
+    return [topics[key].strip() for key in sorted(topics)]
+
+
+def python_docs(n_seqs: int | None = 8, seq_len: int = 512) -> Corpus:
+    """The embedded default corpus: CPython's reference documentation (about 110k tokens of prose).
+
+    Parameters
+    ----------
+    n_seqs : int or None, default 8
+        Number of windows; None for every whole window (about 107 of 1024 tokens with SmolLM2's
+        tokenizer).
+    seq_len : int, default 512
+        Tokens per window, BOS included.
+    """
+    return Corpus(name="python-docs", texts=python_docs_texts, n_seqs=n_seqs, seq_len=seq_len)
+
+
+def from_texts(texts: str | Sequence[str], n_seqs: int | None = None, seq_len: int = 512, name: str = "texts") -> Corpus:
+    """A corpus from strings (one string is one document).
+
+    Parameters
+    ----------
+    texts : str or sequence of str
+    n_seqs : int or None, default None (every whole window)
+    seq_len : int, default 512
+    name : str, default "texts"
+    """
+    items = [texts] if isinstance(texts, str) else list(texts)
+    if not items or not any(isinstance(t, str) and t.strip() for t in items):
+        raise InputError("from_texts got no text: pass at least one non-empty string")
+    return Corpus(name=name, texts=lambda: items, n_seqs=n_seqs, seq_len=seq_len)
+
+
+def from_files(
+    paths: str | Path | Sequence[str | Path], n_seqs: int | None = None, seq_len: int = 512, encoding: str = "utf-8"
+) -> Corpus:
+    """A corpus from text files (one file is one document), read lazily in the order given."""
+    files = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    if not files:
+        raise InputError("from_files got no paths")
+    missing = [str(p) for p in files if not p.is_file()]
+    if missing:
+        raise InputError(f"these corpus files do not exist: {missing[:5]}")
+
+    def read() -> Iterator[str]:
+        for p in files:
+            yield p.read_text(encoding=encoding)
+
+    name = files[0].name if len(files) == 1 else f"{len(files)} files"
+    return Corpus(name=name, texts=read, n_seqs=n_seqs, seq_len=seq_len)
+
+
+def from_dataset(
+    path: str,
+    n_seqs: int | None = 8,
+    seq_len: int = 512,
+    *,
+    split: str = "train",
+    text_column: str = "text",
+    streaming: bool = True,
+    **load_kwargs: Any,
+) -> Corpus:
+    """A corpus from a Hugging Face ``datasets`` data set (needs the internet for Hub names).
+
+    ``path`` and ``load_kwargs`` go to ``datasets.load_dataset`` (e.g. ``"openwebtext"``, or
+    ``"json"`` with ``data_files=...`` for a local file). Rows are read in order, streaming by
+    default, until ``n_seqs`` windows are filled.
+    """
+
+    def read() -> Iterator[str]:
+        try:
+            import datasets
+        except ImportError as exc:  # pragma: no cover - datasets comes with transformer-lens
+            raise InputError("from_dataset needs the `datasets` package: pip install datasets") from exc
+        try:
+            ds = datasets.load_dataset(path, split=split, streaming=streaming, **load_kwargs)
+        except Exception as exc:  # network, missing files, unknown name: all one message
+            raise InputError(f"could not load dataset {path!r} (split {split!r}): {type(exc).__name__}: {str(exc)[:200]}") from exc
+        for row in ds:
+            if text_column not in row:
+                raise InputError(f"dataset {path!r} has no column {text_column!r}; its columns are {sorted(row)}")
+            yield row[text_column]
+
+    return Corpus(name=f"dataset:{path}", texts=read, n_seqs=n_seqs, seq_len=seq_len)
+
+
+def from_tokens(tokens: Tensor | Sequence[Sequence[int]], name: str = "tokens") -> TokenCorpus:
+    """Windows given as token ids ``[n_seqs, seq_len]`` (for models without a tokenizer, or your own)."""
+    t = torch.as_tensor(tokens)
+    if t.ndim == 1:
+        t = t[None]
+    if t.ndim != 2 or t.numel() == 0:
+        raise InputError(f"tokens must be a non-empty [n_seqs, seq_len] array, got shape {tuple(t.shape)}")
+    if t.dtype.is_floating_point or t.dtype == torch.bool:
+        raise InputError(f"tokens must be integer ids, got dtype {t.dtype}")
+    if t.shape[1] < 2:
+        raise InputError("each token window needs at least 2 tokens")
+    return TokenCorpus(name=name, tokens=t.to(torch.int64))

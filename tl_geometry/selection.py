@@ -1,0 +1,100 @@
+"""Top-N selection of one attention row (SPEC §2, paper eq. 1).
+
+The keys of a row are ordered by attention weight, largest first; ties go to the lower key index
+(a stable sort). ``I_N`` is the first ``N`` keys of that order, so ``I_1 ⊂ I_2 ⊂ … ⊂ I_K`` and
+the representative vectors ``s(N) = sum_{i in I_N} alpha_i v_i`` are the prefix sums of the
+contributions taken in that order.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+from einops import repeat
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from ._typing import typechecked
+from .errors import InputError
+
+NsLike = Sequence[int] | Int[Tensor, "n"] | np.ndarray | str | None
+
+
+def log_spaced_ns(n_keys: int, dense_below: int = 8, per_octave: int = 4) -> list[int]:
+    """The default grid of selection sizes ``N`` for a row of ``n_keys`` keys.
+
+    Every ``N`` from 1 to ``dense_below``, then ``per_octave`` points per doubling (rounded,
+    de-duplicated), and always ``N = n_keys``. For ``n_keys = 1024`` this gives 37 values
+    instead of 1024.
+
+    Parameters
+    ----------
+    n_keys : int
+        ``K``, the number of keys of the row (query position + 1).
+    dense_below : int, default 8
+        Every ``N <= dense_below`` is kept: small ``N`` is where the paper's separability is
+        strongest and changes fastest.
+    per_octave : int, default 4
+        Grid points per doubling of ``N`` above ``dense_below``.
+    """
+    if n_keys < 1:
+        raise InputError(f"a row needs at least one key, got n_keys={n_keys}")
+    dense = list(range(1, min(n_keys, dense_below) + 1))
+    if n_keys <= dense_below:
+        return dense
+    n_points = int(np.ceil(np.log2(n_keys / dense_below) * per_octave)) + 1
+    geometric = np.unique(np.round(np.geomspace(dense_below, n_keys, n_points)).astype(int))
+    return sorted(set(dense) | {int(n) for n in geometric} | {n_keys})
+
+
+def resolve_ns(ns: NsLike, n_keys: int, device: torch.device | str = "cpu") -> Int[Tensor, "n"]:
+    """Turn the user's ``ns`` into a 1-D int64 tensor of selection sizes, checked against ``K``.
+
+    Parameters
+    ----------
+    ns : None, "all", "log", sequence of int, or 1-D int tensor
+        ``None`` or ``"all"``: every ``N`` from 1 to ``K``. ``"log"``: :func:`log_spaced_ns`.
+        Otherwise the sizes themselves, each in ``1..K``, in the order given.
+    n_keys : int
+        ``K``, the number of keys of the rows.
+    """
+    if ns is None or (isinstance(ns, str) and ns == "all"):
+        return torch.arange(1, n_keys + 1, device=device)
+    if isinstance(ns, str):
+        if ns == "log":
+            return torch.tensor(log_spaced_ns(n_keys), dtype=torch.int64, device=device)
+        raise InputError(f"ns={ns!r} is not understood: use None/'all' (every N), 'log', or a list of ints")
+    values = torch.as_tensor(np.asarray(ns) if not isinstance(ns, Tensor) else ns, device=device)
+    if values.ndim != 1 or values.numel() == 0:
+        raise InputError(f"ns must be a non-empty 1-D list of selection sizes, got shape {tuple(values.shape)}")
+    if values.is_floating_point() or values.dtype == torch.bool:
+        raise InputError(f"ns must hold integers, got dtype {values.dtype}")
+    values = values.to(torch.int64)
+    bad = values[(values < 1) | (values > n_keys)]
+    if bad.numel():
+        raise InputError(
+            f"N out of range: {bad.tolist()[:5]} (rows have K={n_keys} keys, so 1 <= N <= {n_keys}); "
+            f"drop those sizes or use ns=None for every N"
+        )
+    return values
+
+
+@typechecked
+def sort_by_weight(
+    weights: Float[Tensor, "row k"], values: Float[Tensor, "row k d"]
+) -> tuple[Int[Tensor, "row k"], Float[Tensor, "row k d"]]:
+    """Order each row's keys by weight (descending, stable) and form the sorted contributions.
+
+    Returns
+    -------
+    order : [row, k] int64
+        ``order[r, t]`` is the key index of the ``t``-th largest weight; ``I_N = order[r, :N]``.
+    contributions : [row, k, d]
+        ``y_{order[r, t]} = alpha_{order[r, t]} v_{order[r, t]}`` in that order.
+    """
+    order = torch.argsort(weights, dim=-1, descending=True, stable=True)
+    sorted_weights = torch.gather(weights, -1, order)
+    sorted_values = torch.gather(values, -2, repeat(order, "row k -> row k d", d=values.shape[-1]))
+    return order, sorted_weights[..., None] * sorted_values
