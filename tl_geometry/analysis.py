@@ -141,7 +141,7 @@ def analyze(
         A TransformerLens model, or a name for :func:`tl_geometry.load_model`.
     corpus : Corpus, TokenCorpus, str, list of str, or int tensor [n_seqs, seq_len]
         The windows to analyse (see :mod:`tl_geometry.corpus`). Plain text is cut into windows
-        of 512 tokens; a tensor is taken as token ids.
+        of ``min(512, n_ctx)`` tokens; a tensor is taken as token ids.
     ns : None, "all", "log" or list of int, default "log"
         Selection sizes ``N``: "log" is a log-spaced grid (every ``N <= 8``, then 4 per
         doubling, and ``N = K``); None or "all" is every ``N`` from 1 to ``K``.
@@ -168,7 +168,7 @@ def analyze(
     """
     model = load_model(model) if isinstance(model, str) else model
     info = describe_model(model)
-    corpus = _as_corpus(corpus)
+    corpus = _as_corpus(corpus, default_seq_len=min(512, info.n_ctx))
     if corpus.seq_len > info.n_ctx:
         raise InputError(
             f"seq_len={corpus.seq_len} is longer than the model's context of {info.n_ctx} tokens; "
@@ -181,12 +181,7 @@ def analyze(
     for q in queries:  # validate ns against every row length before running anything
         resolve_ns(ns, q + 1)
 
-    tokenizer = getattr(model, "tokenizer", None)
-    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
-    tokens = corpus.windows(tokenizer, info.bos_token_id, eos)
-    vocab = int(getattr(model.cfg, "d_vocab", 0) or 0)
-    if vocab and int(tokens.max()) >= vocab:
-        raise InputError(f"token id {int(tokens.max())} is outside the model's vocabulary of {vocab}")
+    tokens = corpus_tokens(model, corpus, info)
 
     config = {
         "corpus": corpus.name,
@@ -234,13 +229,29 @@ def analyze(
     )
 
 
-def _as_corpus(corpus: Any) -> Corpus | TokenCorpus:
+def corpus_tokens(model: Any, corpus: Corpus | TokenCorpus, info: ModelInfo | None = None) -> Tensor:
+    """The token windows ``[n_seqs, seq_len]`` that :func:`analyze` runs ``model`` on.
+
+    Text is tokenised with the model's tokenizer, documents separated by its EOS token, and
+    every window starts with its BOS token when it has one (see :mod:`tl_geometry.corpus`).
+    """
+    info = info or describe_model(model)
+    tokenizer = getattr(model, "tokenizer", None)
+    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    tokens = corpus.windows(tokenizer, info.bos_token_id, eos)
+    vocab = int(getattr(model.cfg, "d_vocab", 0) or 0)
+    if vocab and int(tokens.max()) >= vocab:
+        raise InputError(f"token id {int(tokens.max())} is outside the model's vocabulary of {vocab}")
+    return tokens
+
+
+def _as_corpus(corpus: Any, default_seq_len: int) -> Corpus | TokenCorpus:
     if isinstance(corpus, (Corpus, TokenCorpus)):
         return corpus
     if isinstance(corpus, Tensor):
         return from_tokens(corpus)
     if isinstance(corpus, str) or (isinstance(corpus, Sequence) and all(isinstance(t, str) for t in corpus)):
-        return from_texts(corpus)
+        return from_texts(corpus, seq_len=default_seq_len)
     raise InputError(
         f"corpus of type {type(corpus).__name__} is not understood: pass tl_geometry.corpus.python_docs(), "
         "from_texts([...]), from_tokens(tensor), a string or a list of strings"

@@ -144,11 +144,10 @@ def _bridge_class() -> Any:
 
 def _hooked_transformer_class() -> Any:
     try:
-        import transformer_lens
-
-        return getattr(transformer_lens, "HookedTransformer", None)
-    except ImportError:  # pragma: no cover
+        from transformer_lens import HookedTransformer
+    except ImportError:  # TransformerLens 4 removed it (and raises ImportError on access)
         return None
+    return HookedTransformer
 
 
 def is_supported_model(model: Any) -> bool:

@@ -8,7 +8,7 @@ contributions taken in that order.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,7 +19,9 @@ from torch import Tensor
 from ._typing import typechecked
 from .errors import InputError
 
-NsLike = Sequence[int] | Int[Tensor, "n"] | np.ndarray | str | None
+#: What ``ns`` may be: None / "all" (every N), "log", a sequence of ints, a 1-D int array or tensor.
+#: Checked by :func:`resolve_ns` (with messages that say what to do), not by the type checker.
+NsLike = Any
 
 
 def log_spaced_ns(n_keys: int, dense_below: int = 8, per_octave: int = 4) -> list[int]:

@@ -1,0 +1,116 @@
+"""analyze() on tiny random models against the engine run by hand on run_with_cache tensors."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+import tl_geometry as tlg
+from conftest import build, model_kinds
+from tl_geometry.capture import values_per_head
+from tl_geometry.models import hook_pattern_name, hook_v_name
+
+TEXT = ["The quick brown fox jumps over the lazy dog. " * 12, "Attention is a weighting of values. " * 10]
+
+
+def by_hand(model, tokens: torch.Tensor, queries: list[int], ns) -> pd.DataFrame:
+    """The same table, from a full run_with_cache and the public engine, with repeat_interleave for GQA."""
+    info = tlg.describe_model(model)
+    _, cache = model.run_with_cache(tokens)
+    rows = []
+    for layer in range(info.n_layers):
+        v = cache[hook_v_name(layer)]  # [b, pos, kv_head, d]
+        pattern = cache[hook_pattern_name(layer)]  # [b, head, q, k]
+        v_heads = v.repeat_interleave(info.n_heads // v.shape[2], dim=2)  # transformers' repeat_kv
+        for q in queries:
+            res = tlg.separability(pattern[:, :, q, : q + 1], v_heads[:, : q + 1].permute(0, 2, 1, 3), ns)
+            for b in range(tokens.shape[0]):
+                for h in range(info.n_heads):
+                    for gi, n in enumerate(res.ns.tolist()):
+                        rows.append(dict(seq=b, layer=layer, head=h, query_pos=q, n=n,
+                                         **{f: float(getattr(res, f)[b, h, gi]) for f in
+                                            ("precision", "recall", "r_min", "r_max")}))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("kind", model_kinds())
+def test_analyze_matches_engine_on_run_with_cache(kind: str) -> None:
+    model = build(kind)
+    corpus = tlg.corpus.from_texts(TEXT, n_seqs=3, seq_len=24)
+    result = tlg.analyze(model, corpus, ns=None, query_positions=[5, -1], batch_size=2, progress=False)
+    expected = by_hand(model, result.tokens, [5, 23], None)
+    got = result.separability
+    assert len(got) == len(expected) == 3 * 2 * 4 * (6 + 24)
+    merged = got.merge(expected, on=["seq", "layer", "head", "query_pos", "n"], suffixes=("", "_ref"))
+    assert len(merged) == len(got)
+    assert (merged.precision == merged.precision_ref).all()
+    assert (merged.recall == merged.recall_ref).all()
+    for radius in ("r_min", "r_max"):
+        finite = merged[radius + "_ref"] != float("inf")
+        assert (merged.loc[~finite, radius] == float("inf")).all()
+        diff = (merged.loc[finite, radius] - merged.loc[finite, radius + "_ref"]).abs()
+        assert diff.max() < 1e-9
+    assert set(got.kv_head[got["head"] == 3]) == {tlg.describe_model(model).kv_head_of()[3].item()}
+
+
+def test_gqa_mapping_equals_repeat_interleave(llama_bridge) -> None:
+    info = tlg.describe_model(llama_bridge)
+    assert (info.n_heads, info.n_kv_heads) == (4, 2)
+    assert info.kv_head_of().tolist() == [0, 0, 1, 1]
+    v = torch.randn(2, 7, 2, 8)
+    expected = v.repeat_interleave(2, dim=2).permute(0, 2, 1, 3)
+    assert torch.equal(values_per_head(v, info.kv_head_of()), expected)
+    # a 3:1 grouping as in SmolLM2 (9 query heads, 3 key/value heads)
+    assert tlg.kv_head_index(9, 3).tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+def test_results_do_not_depend_on_batch_size(llama_bridge) -> None:
+    corpus = tlg.corpus.from_texts(TEXT, n_seqs=5, seq_len=16)
+    one = tlg.analyze(llama_bridge, corpus, batch_size=1, progress=False).separability
+    three = tlg.analyze(llama_bridge, corpus, batch_size=3, progress=False).separability
+    pd.testing.assert_frame_equal(one, three, check_exact=False, rtol=0, atol=1e-12)
+    assert (one.precision == three.precision).all() and (one.recall == three.recall).all()
+
+
+def test_layer_subset_equals_rows_of_the_full_run(llama_bridge) -> None:
+    corpus = tlg.corpus.from_texts(TEXT, n_seqs=2, seq_len=16)
+    full = tlg.analyze(llama_bridge, corpus, progress=False).separability
+    first = tlg.analyze(llama_bridge, corpus, layers=[0], progress=False).separability
+    pd.testing.assert_frame_equal(first, full[full.layer == 0].reset_index(drop=True))
+
+
+def test_query_positions_stride_and_default_grid(llama_bridge) -> None:
+    corpus = tlg.corpus.from_texts(TEXT, n_seqs=1, seq_len=40)
+    res = tlg.analyze(llama_bridge, corpus, query_positions=range(8, 40, 8), progress=False)
+    table = res.separability
+    assert sorted(table.query_pos.unique()) == [8, 16, 24, 32]
+    for q, group in table.groupby("query_pos"):
+        assert sorted(group.n.unique()) == tlg.log_spaced_ns(q + 1)
+
+
+def test_interrupted_run_resumes_without_loss(llama_bridge, tmp_path, monkeypatch) -> None:
+    import tl_geometry.analysis as analysis
+
+    corpus = tlg.corpus.from_texts(TEXT, n_seqs=5, seq_len=16)
+    reference = tlg.analyze(llama_bridge, corpus, batch_size=2, progress=False).separability
+    real = analysis.run_streaming
+    calls = {"n": 0}
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(analysis, "run_streaming", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tlg.analyze(llama_bridge, corpus, batch_size=2, out_dir=tmp_path, progress=False)
+    monkeypatch.setattr(analysis, "run_streaming", real)
+    assert len(list((tmp_path / "separability").glob("*.parquet"))) == 1
+    resumed = tlg.analyze(llama_bridge, corpus, batch_size=2, out_dir=tmp_path, progress=False)
+    pd.testing.assert_frame_equal(resumed.separability, reference)
+    with pytest.raises(tlg.InputError, match="resume=True"):
+        tlg.analyze(llama_bridge, corpus, batch_size=2, out_dir=tmp_path, resume=False, progress=False)
+    with pytest.raises(tlg.InputError, match="other settings"):
+        tlg.analyze(llama_bridge, corpus, ns=[1, 2], batch_size=2, out_dir=tmp_path, progress=False)

@@ -1,0 +1,69 @@
+"""Corpora: deterministic windows, BOS first, files and local datasets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import tl_geometry as tlg
+from conftest import byte_tokenizer
+
+TOK = byte_tokenizer()
+
+
+def test_python_docs_is_deterministic_and_starts_with_bos() -> None:
+    a = tlg.corpus.python_docs(n_seqs=3, seq_len=64).windows(TOK, TOK.bos_token_id, TOK.eos_token_id)
+    b = tlg.corpus.python_docs(n_seqs=3, seq_len=64).windows(TOK, TOK.bos_token_id, TOK.eos_token_id)
+    assert a.shape == (3, 64) and torch.equal(a, b)
+    assert torch.all(a[:, 0] == TOK.bos_token_id)
+    assert not torch.any(a[:, 1:] == TOK.bos_token_id)
+    # consecutive windows continue the same token stream
+    stream = TOK(tlg.corpus.python_docs_texts()[0], add_special_tokens=False)["input_ids"]
+    assert a[0, 1:].tolist() == stream[:63] and a[1, 1:].tolist() == stream[63:126]
+
+
+def test_python_docs_is_large() -> None:
+    text = "\n".join(tlg.corpus.python_docs_texts())
+    assert len(text) > 400_000  # about 110k tokens of prose for a BPE tokenizer
+
+
+def test_without_bos_windows_are_plain_slices() -> None:
+    w = tlg.corpus.from_texts(["abcdefghij" * 3], n_seqs=2, seq_len=10).windows(TOK, None)
+    assert w.shape == (2, 10) and TOK.decode(w[1].tolist()) == "abcdefghij"
+
+
+def test_documents_are_separated_by_eos() -> None:
+    w = tlg.corpus.from_texts(["ab", "cd"], seq_len=6).windows(TOK, TOK.bos_token_id, TOK.eos_token_id)
+    assert w.tolist() == [[TOK.bos_token_id] + TOK("ab", add_special_tokens=False)["input_ids"]
+                          + [TOK.eos_token_id] + TOK("cd", add_special_tokens=False)["input_ids"]]  # fmt: skip
+
+
+def test_from_files(tmp_path) -> None:
+    (tmp_path / "a.txt").write_text("first file " * 20)
+    (tmp_path / "b.txt").write_text("second file " * 20)
+    corpus = tlg.corpus.from_files([tmp_path / "a.txt", tmp_path / "b.txt"], seq_len=32)
+    w = corpus.windows(TOK, TOK.bos_token_id, TOK.eos_token_id)
+    assert w.shape[0] == (220 + 1 + 240) // 31
+    with pytest.raises(tlg.InputError, match="do not exist"):
+        tlg.corpus.from_files([tmp_path / "missing.txt"])
+
+
+def test_from_dataset_on_a_local_file(tmp_path) -> None:
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(json.dumps({"text": f"document number {i} " * 5}) for i in range(10)))
+    corpus = tlg.corpus.from_dataset("json", n_seqs=4, seq_len=32, data_files=str(path))
+    w = corpus.windows(TOK, TOK.bos_token_id, TOK.eos_token_id)
+    assert w.shape == (4, 32)
+    assert TOK.decode(w[0, 1:20].tolist()) == ("document number 0 " * 5)[:19]
+    bad = tlg.corpus.from_dataset("json", n_seqs=1, seq_len=8, data_files=str(path), text_column="body")
+    with pytest.raises(tlg.InputError, match="no column 'body'"):
+        bad.windows(TOK, TOK.bos_token_id)
+
+
+def test_from_tokens_checks_its_input() -> None:
+    t = tlg.corpus.from_tokens(torch.arange(12).reshape(2, 6))
+    assert (t.n_seqs, t.seq_len) == (2, 6)
+    with pytest.raises(tlg.InputError, match="integer ids"):
+        tlg.corpus.from_tokens(torch.rand(2, 6))
