@@ -10,7 +10,7 @@ Attention" under the definitions of SPEC.md. Start with::
 """
 
 from . import corpus
-from .analysis import AnalysisResult, analyze
+from .analysis import AnalysisResult, analyze, corpus_tokens
 from .errors import InputError, ModelError, TLGeometryError
 from .models import DEFAULT_MODEL, ModelInfo, describe_model, kv_head_index, load_model
 from .selection import log_spaced_ns
@@ -29,6 +29,7 @@ __all__ = [
     "TLGeometryError",
     "analyze",
     "corpus",
+    "corpus_tokens",
     "describe_model",
     "kv_head_index",
     "load_model",

