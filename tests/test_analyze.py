@@ -114,3 +114,25 @@ def test_interrupted_run_resumes_without_loss(llama_bridge, tmp_path, monkeypatc
         tlg.analyze(llama_bridge, corpus, batch_size=2, out_dir=tmp_path, resume=False, progress=False)
     with pytest.raises(tlg.InputError, match="other settings"):
         tlg.analyze(llama_bridge, corpus, ns=[1, 2], batch_size=2, out_dir=tmp_path, progress=False)
+
+
+def test_bounds_columns_match_the_raw_function(llama_bridge) -> None:
+    """analyze(bounds=True) adds, row by row, what tlg.bounds gives on the same tensors."""
+    corpus = tlg.corpus.from_texts(TEXT, n_seqs=2, seq_len=20)
+    result = tlg.analyze(llama_bridge, corpus, ns=[1, 2, 5, 20], bounds=True, kappa=2.0, progress=False)
+    table = result.separability
+    info = tlg.describe_model(llama_bridge)
+    _, cache = llama_bridge.run_with_cache(result.tokens)
+    v = values_per_head(cache[hook_v_name(1)], info.kv_head_of())
+    w = cache[hook_pattern_name(1)][:, :, -1, :]
+    expected = tlg.bounds(w, v, ns=[1, 2, 5, 20], kappa=2.0)
+    got = table[table.layer == 1].sort_values(["seq", "head", "n"])
+    for column in ("precision_lower", "recall_upper", "delta", "scale"):
+        torch.testing.assert_close(
+            torch.tensor(got[column].to_numpy()), getattr(expected, column).reshape(-1), rtol=1e-12, atol=1e-12
+        )
+    env = result.envelopes()
+    assert env.n.tolist() == [1, 2, 5, 20] and env.attrs["kappa"] == 2.0
+    assert (env.loc[env.n == 1, "precision_inside"] == 1).all()
+    with pytest.raises(tlg.InputError, match="bounds=True"):
+        tlg.analyze(llama_bridge, corpus, ns=[1, 2], progress=False).envelopes()

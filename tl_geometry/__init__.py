@@ -11,7 +11,10 @@ Attention" under the definitions of SPEC.md. Start with::
 
 from . import corpus
 from .analysis import AnalysisResult, analyze, corpus_tokens
+from .bounds import Bounds, SimilarityModel, bounds, f_bound
+from .bounds_observer import BoundsObserver, envelopes, join_bounds
 from .errors import InputError, ModelError, TLGeometryError
+from .regimes_of_n import PiecewiseProfile, regime_boundaries, regimes_of_n
 from .models import DEFAULT_MODEL, ModelInfo, describe_model, kv_head_index, load_model
 from .selection import log_spaced_ns
 from .separability import PrecisionRecallAtRadius, Separability, precision_recall_at_radius, separability
@@ -20,6 +23,16 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AnalysisResult",
+    "Bounds",
+    "BoundsObserver",
+    "PiecewiseProfile",
+    "SimilarityModel",
+    "bounds",
+    "envelopes",
+    "f_bound",
+    "join_bounds",
+    "regime_boundaries",
+    "regimes_of_n",
     "DEFAULT_MODEL",
     "InputError",
     "ModelError",

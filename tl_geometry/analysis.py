@@ -13,18 +13,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from .bounds import RhoLike
+from .bounds_observer import BoundsObserver, envelopes, join_bounds
 from .capture import LayerBatch, resolve_query_positions, run_streaming, values_per_head
 from .corpus import Corpus, TokenCorpus, from_texts, from_tokens
 from .errors import InputError
 from .models import ModelInfo, describe_model, load_model
 from .selection import NsLike, resolve_ns
 from .separability import separability
+from .tables import empty_table, head_rows_table
 
 SEPARABILITY_COLUMNS = [
     "seq", "layer", "head", "kv_head", "query_pos", "n",
@@ -51,23 +53,8 @@ class SeparabilityObserver:
         for qi, q in enumerate(batch.query_positions):
             n_keys = q + 1
             res = separability(batch.weights[:, :, qi, :n_keys], values[:, :, :n_keys], self.ns, dtype=self.dtype)
-            self.chunks.append(self._table(batch, q, res))
-
-    def _table(self, batch: LayerBatch, q: int, res: Any) -> pd.DataFrame:
-        b, h, n = res.precision.shape
-        seq = batch.seq_ids.cpu().numpy()
-        heads = np.arange(h)
-        cols: dict[str, Any] = {
-            "seq": np.repeat(seq, h * n),
-            "layer": np.full(b * h * n, batch.layer, dtype=np.int64),
-            "head": np.tile(np.repeat(heads, n), b),
-            "kv_head": np.tile(np.repeat(self.kv_head_of.numpy(), n), b),
-            "query_pos": np.full(b * h * n, q, dtype=np.int64),
-            "n": np.tile(res.ns.cpu().numpy(), b * h),
-        }
-        for name in _METRICS:
-            cols[name] = getattr(res, name).reshape(-1).cpu().numpy()
-        return pd.DataFrame(cols)
+            metrics = {name: getattr(res, name) for name in _METRICS}
+            self.chunks.append(head_rows_table(batch, q, res.ns, self.kv_head_of, metrics))
 
     def take(self) -> pd.DataFrame:
         """The rows gathered since the last call, as one DataFrame (and forget them)."""
@@ -77,7 +64,7 @@ class SeparabilityObserver:
 
 
 def _empty_separability() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype="float64" if c in _METRICS else "int64") for c in SEPARABILITY_COLUMNS})
+    return empty_table(_METRICS)
 
 
 @dataclass
@@ -112,6 +99,18 @@ class AnalysisResult:
         """Mean precision, recall and F-scores per ``N`` over every sequence, layer, head and query."""
         return self.separability.groupby("n")[_METRICS].mean().reset_index()
 
+    def envelopes(self, by: Sequence[str] = ("n",)) -> pd.DataFrame:
+        """Per ``N``: mean precision / recall, the mean envelopes, and the share of rows inside.
+
+        Needs ``analyze(..., bounds=True)``. Aggregates over every sequence, layer, head and query
+        position (see :func:`tl_geometry.bounds_observer.envelopes` for the columns).
+        """
+        if "precision_lower" not in self.separability:
+            raise InputError("this result has no bounds: run tlg.analyze(..., bounds=True) first")
+        table = envelopes(self.separability, by)
+        table.attrs["kappa"] = (self.config.get("bounds") or {}).get("kappa")
+        return table
+
     def __repr__(self) -> str:
         s = self.separability
         return (
@@ -129,6 +128,9 @@ def analyze(
     layers: Sequence[int] | None = None,
     batch_size: int = 4,
     dtype: torch.dtype = torch.float64,
+    bounds: bool = False,
+    kappa: float = 0.5,
+    rho: RhoLike = "measured",
     out_dir: str | Path | None = None,
     resume: bool = True,
     progress: bool = True,
@@ -154,6 +156,16 @@ def analyze(
         Windows per forward pass. Results do not depend on it.
     dtype : torch.dtype, default torch.float64
         Precision of the separability computation.
+    bounds : bool, default False
+        Also compute the envelopes of Theorems 1-2 and Corollary 1 (SPEC §4) for every row and
+        add their columns (``precision_lower``, ``precision_upper``, ``recall_lower``,
+        ``recall_upper``, the four ``f_*`` bounds, ``delta``, ``delta0``, ``scale``) to
+        ``result.separability``; compare with :meth:`AnalysisResult.envelopes`.
+    kappa : float, default 0.5
+        The theorems' unnamed concentration constant (used with ``bounds=True``).
+    rho : "measured", SimilarityModel or ("model", beta, rho_0), default "measured"
+        Source of the cosines in the bounds: the values' own cosines, or the assumption model
+        ``exp(-beta |j-k|)`` with ``rho_0`` to the sink (see :func:`tl_geometry.bounds`).
     out_dir : str or Path, optional
         If given, results are appended to ``out_dir/separability/`` after every batch, and an
         interrupted run with the same arguments resumes from what was written (``resume=True``).
@@ -191,9 +203,14 @@ def analyze(
         "query_positions": list(queries),
         "layers": layer_list,
         "dtype": str(dtype),
+        "bounds": {"kappa": float(kappa), "rho": str(rho)} if bounds else None,
     }
     store = _ResultStore(Path(out_dir), config, resume) if out_dir is not None else None
     observer = SeparabilityObserver(info, ns, dtype)
+    observers: list = [observer]
+    bounds_observer = BoundsObserver(info, ns, kappa, dtype, rho) if bounds else None
+    if bounds_observer is not None:
+        observers.append(bounds_observer)
     done = store.done_seqs() if store else set()
     todo = [i for i in range(tokens.shape[0]) if i not in done]
     kept: list[pd.DataFrame] = []
@@ -208,8 +225,10 @@ def analyze(
     try:
         for b0 in range(0, len(todo), batch_size):
             ids = torch.tensor(todo[b0 : b0 + batch_size], dtype=torch.int64)
-            run_streaming(model, info, tokens[ids], ids, layer_list, queries, [observer], add_time)
+            run_streaming(model, info, tokens[ids], ids, layer_list, queries, observers, add_time)
             table = observer.take()
+            if bounds_observer is not None:
+                table = join_bounds(table, bounds_observer.take())
             if store:
                 store.write(ids.tolist(), table)
             else:

@@ -1,0 +1,416 @@
+"""Theoretical envelopes of Precision and Recall: Theorems 1-2 and Corollary 1 (SPEC §4).
+
+For one attention row (weights ``alpha``, values ``v``, ``K`` keys, head dimension ``d``) and a
+selection size ``N`` with top-N set ``I_N`` (stable order, :mod:`tl_geometry.selection`):
+
+* ``a_i = alpha_i ||v_i||``; ``rho_jk = cos(v_j, v_k)`` (measured) or the assumption model
+  (:class:`SimilarityModel`); the sink is *key index* 0, wherever it ranks;
+* ``I' = I_N \\ {0}``, ``M = K - N``;
+* ``S_in = sum_{I'} a_k``, ``a_in_min = min_{I'} a_i``, ``a_in_max = max_{I'} a_i``,
+  ``a_out_max = max_{j not in I_N} a_j``, ``rho_out = max_{j not in I_N, k in I'} rho_jk``;
+* ``Delta = a_in_min^2 - 2 a_out_max S_in rho_out`` (eq. 8);
+  ``Delta_0 = a_0^2 - (S_in rho_out)^2`` (eq. 29, with ``rho_out``);
+  ``B = a_in_max + a_out_max + S_in`` (the ``scale``);
+* tails ``t = exp(-kappa d (Delta / B)^2)`` if ``Delta > 0`` else 1, ``t_0`` likewise from
+  ``Delta_0``, and ``t_0`` dropped (taken as 0) when the sink is not in ``I_N``;
+* lower bounds (eq. 12, 14), clipped to [0, 1]:
+  ``precision_lower = 1 / (1 + M t + (M / N) t_0)``, ``recall_lower = 1 - M t - (M / N) t_0``;
+* upper bounds (eq. 9-11, 13, 15): ``M_j = sum_{l in I'} a_l rho_lj``,
+  ``mu_ij = (a_j^2 - a_i^2) - 2 a_j M_j + 2 a_i M_i``, ``sigma = B / sqrt(2 kappa d)``,
+  ``xi = mu / sigma``, ``p_ij = phi(xi) / (xi + 1/xi)`` (``xi > 0``), 0 (``xi = 0``),
+  1/2 (``xi < 0``);
+  ``precision_upper = 1 - max_{i in I_N, j not in I_N} p_ij / (N + 1)``,
+  ``recall_upper = (1/N) sum_{i in I_N} (1 - max_{j not in I_N} p_ij)``;
+* ``N = 1`` and ``N = K``: every bound is 1 (both metrics are 1 there by construction);
+* Corollary 1: the F-score bounds are ``2x / (1 + x)`` of the matching bounds
+  (:attr:`Bounds.f_at_rmax_lower` etc.).
+
+Choices where SPEC §4 is silent (binding for this module, also listed in docs/theory.md):
+
+* **Empty sets.** ``I'`` is empty only when ``N = 1`` and the sink is the top key. Then
+  ``S_in = 0``, ``a_in_max = 0`` (so ``B = a_out_max``), ``a_in_min`` is undefined and
+  ``delta`` is reported as NaN (and ``t = 1``); ``rho_out = 0``. With ``N = K`` nothing is
+  outside: ``a_out_max = 0`` and ``rho_out = 0`` (no outside key, no penalty), so
+  ``delta = a_in_min^2`` and ``delta0 = a_0^2``. The bounds themselves are 1 in both cases.
+* ``delta0`` is reported for every ``N`` from its formula, even when the sink is not in
+  ``I_N`` and ``t_0`` is therefore dropped.
+* ``d = values.shape[-1]`` (the head dimension).
+* **Measured cosines**: ``rho_jk = <v_j, v_k> / (||v_j|| ||v_k||)``, the diagonal set to exactly
+  1 (it enters ``M_i`` for ``i in I'`` since ``M_i`` sums over ``l in I'`` including ``l = i``,
+  as SPEC writes it), and 0 against a zero vector.
+* **Model cosines** (:class:`SimilarityModel`): ``exp(-beta |j - k|)`` for ``j, k > 0``,
+  ``rho_0`` between the sink and any other key, 1 on the diagonal. The norms (hence ``a_i``)
+  always come from the values.
+* ``sigma = 0`` (``B = 0``): ``xi = +inf`` for ``mu > 0`` (``p = 0``), ``-inf`` for ``mu < 0``
+  (``p = 1/2``), 0 for ``mu = 0``; a ``Delta_0 > 0`` with ``B = 0`` gives ``t_0 = 0``.
+
+Vectorisation: keys are put in selection order once per row; prefix sums / running minima and
+maxima give ``S_in, a_in_min, a_in_max``, suffix maxima give ``a_out_max`` and (on the sorted
+``[K, K]`` cosine matrix) ``rho_out`` for all ``N``. ``M_j(N)`` are the rows of the prefix sums of
+``a_l rho_lj``. Since ``mu_ij = c_j - c_i`` with ``c_t = a_t^2 - 2 a_t M_t``, and ``p`` is 1/2 for
+``xi < 0`` and unimodal on ``xi > 0`` (peak at ``xi* = sqrt(sqrt(2) - 1)``), the maximum over
+``j not in I_N`` of ``p_ij`` needs only the smallest outside ``c_j`` and the two outside ``c_j``
+that bracket ``c_i + xi* sigma``: one sort of the outside ``c`` per ``N`` and a
+``searchsorted``, i.e. ``O(K log K)`` per ``(row, N)`` instead of ``O(K^2)``, with no Python loop
+over keys; rows and sizes are processed in blocks of about ``block_bytes``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Union
+
+import einops
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from ._typing import typechecked
+from .errors import InputError
+from .selection import NsLike, resolve_ns
+from .separability import check_row_inputs
+
+#: Working-set size of one block of ``[rows, sizes, keys]`` tensors (a tuning knob only).
+DEFAULT_BLOCK_BYTES = 16 << 20
+
+#: Where ``phi(x) / (x + 1/x)`` peaks on ``x > 0``: the root of ``1 - 2 x^2 - x^4``.
+XI_STAR = math.sqrt(math.sqrt(2.0) - 1.0)
+
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+@dataclass(frozen=True)
+class SimilarityModel:
+    """The cosine model of Assumption 2 (paper §3.2), as a source of ``rho`` for :func:`bounds`.
+
+    ``rho_jk = exp(-beta |j - k|)`` for keys ``j, k > 0``; ``rho_0`` between the sink (key 0) and
+    any other key; 1 on the diagonal. Parameters are given by hand (or taken from the
+    diagnostics of SPEC §3).
+
+    Attributes
+    ----------
+    beta : float, >= 0
+        Decay rate of the cosine similarity with the key distance.
+    rho_0 : float in [-1, 1]
+        Cosine of the sink with every other key.
+    """
+
+    beta: float
+    rho_0: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.beta) and self.beta >= 0):
+            raise InputError(f"SimilarityModel.beta must be finite and >= 0, got {self.beta!r}")
+        if not (math.isfinite(self.rho_0) and -1.0 <= self.rho_0 <= 1.0):
+            raise InputError(f"SimilarityModel.rho_0 must lie in [-1, 1], got {self.rho_0!r}")
+
+    def cosines(self, keys_a: Tensor, keys_b: Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
+        """``rho`` between key indices ``keys_a[..., :, None]`` and ``keys_b[..., None, :]``."""
+        ka = keys_a[..., :, None]
+        kb = keys_b[..., None, :]
+        out = torch.exp(-self.beta * (ka - kb).abs().to(dtype))
+        sink_pair = (ka == 0) ^ (kb == 0)
+        out = torch.where(sink_pair, torch.as_tensor(self.rho_0, dtype=dtype, device=out.device), out)
+        return torch.where(ka == kb, torch.ones((), dtype=dtype, device=out.device), out)
+
+
+#: ``"measured"``, a :class:`SimilarityModel`, or ``("model", beta, rho_0)``.
+RhoLike = Union[str, SimilarityModel, tuple]
+
+
+def resolve_rho(rho: RhoLike) -> SimilarityModel | None:
+    """``"measured"`` -> None (cosines of the values); a model or ``("model", beta, rho_0)``."""
+    if isinstance(rho, str):
+        if rho == "measured":
+            return None
+        raise InputError(
+            f"rho={rho!r} is not understood: use 'measured', SimilarityModel(beta, rho_0) or ('model', beta, rho_0)"
+        )
+    if isinstance(rho, SimilarityModel):
+        return rho
+    if isinstance(rho, tuple) and len(rho) == 3 and rho[0] == "model":
+        return SimilarityModel(float(rho[1]), float(rho[2]))
+    raise InputError(
+        f"rho={rho!r} is not understood: use 'measured', SimilarityModel(beta, rho_0) or ('model', beta, rho_0)"
+    )
+
+
+def f_bound(x: Tensor) -> Tensor:
+    """Corollary 1: the F-score bound ``2x / (1 + x)`` matching a precision or recall bound ``x``."""
+    return 2 * x / (1 + x)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Envelopes of Theorems 1-2 per row and selection size (SPEC §4).
+
+    Every field but ``ns`` has shape ``[*batch, len(ns)]``, the batch dimensions being those of
+    the weights passed to :func:`bounds`. The Corollary 1 F-score bounds are properties.
+
+    Attributes
+    ----------
+    ns : [n] int64
+        The selection sizes ``N``.
+    precision_lower : eq. 12, ``1 / (1 + M t + (M/N) t_0)`` clipped to [0, 1]; 1 at ``N in {1, K}``.
+    precision_upper : eq. 13, ``1 - max_{i in I_N, j not in I_N} p_ij / (N + 1)``; 1 at ``N in {1, K}``.
+    recall_lower : eq. 14, ``1 - M t - (M/N) t_0`` clipped to [0, 1]; 1 at ``N in {1, K}``.
+    recall_upper : eq. 15, ``(1/N) sum_{i in I_N} (1 - max_{j not in I_N} p_ij)``; 1 at ``N in {1, K}``.
+    delta : ``Delta = a_in_min^2 - 2 a_out_max S_in rho_out`` (NaN when ``I'`` is empty).
+    delta0 : ``Delta_0 = a_0^2 - (S_in rho_out)^2`` (eq. 29), reported for every ``N``.
+    scale : ``B = a_in_max + a_out_max + S_in``.
+    """
+
+    ns: Int[Tensor, "n"]
+    precision_lower: Float[Tensor, "*batch n"]
+    precision_upper: Float[Tensor, "*batch n"]
+    recall_lower: Float[Tensor, "*batch n"]
+    recall_upper: Float[Tensor, "*batch n"]
+    delta: Float[Tensor, "*batch n"]
+    delta0: Float[Tensor, "*batch n"]
+    scale: Float[Tensor, "*batch n"]
+
+    @property
+    def f_at_rmax_lower(self) -> Tensor:
+        """Corollary 1 (eq. 17): lower bound of ``E F(r_max, N)``, ``2 P_low / (1 + P_low)``."""
+        return f_bound(self.precision_lower)
+
+    @property
+    def f_at_rmax_upper(self) -> Tensor:
+        """Corollary 1 (eq. 17): upper bound of ``E F(r_max, N)``, ``2 P_up / (1 + P_up)``."""
+        return f_bound(self.precision_upper)
+
+    @property
+    def f_at_rmin_lower(self) -> Tensor:
+        """Corollary 1 (eq. 16): lower bound of ``E F(r_min, N)``, ``2 R_low / (1 + R_low)``."""
+        return f_bound(self.recall_lower)
+
+    @property
+    def f_at_rmin_upper(self) -> Tensor:
+        """Corollary 1 (eq. 16): upper bound of ``E F(r_min, N)``, ``2 R_up / (1 + R_up)``."""
+        return f_bound(self.recall_upper)
+
+
+#: Names of the per-row quantities of :class:`Bounds` and of its Corollary 1 properties.
+BOUND_FIELDS = ["precision_lower", "precision_upper", "recall_lower", "recall_upper", "delta", "delta0", "scale"]
+F_BOUND_FIELDS = ["f_at_rmax_lower", "f_at_rmax_upper", "f_at_rmin_lower", "f_at_rmin_upper"]
+
+
+@typechecked
+def bounds(
+    weights: Float[Tensor, "*batch k"],
+    values: Float[Tensor, "*batch k d"],
+    ns: NsLike = None,
+    kappa: float | int = 0.5,
+    *,
+    rho: RhoLike = "measured",
+    dtype: torch.dtype = torch.float64,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+) -> Bounds:
+    """Lower and upper envelopes of Precision and Recall (Theorems 1-2) for every row and ``N``.
+
+    Follows SPEC §4 to the letter; see the module docstring for every choice SPEC leaves open
+    (empty ``I'``, ``N = K``, the diagonal of ``rho``, ``B = 0``).
+
+    Parameters
+    ----------
+    weights : Tensor of shape [*batch, K]
+        Attention weights ``alpha_i`` of each row (non-negative), any leading batch dimensions.
+    values : Tensor of shape [*batch, K, d]
+        Value vectors of the same keys; ``d = values.shape[-1]`` is the theory's dimension.
+    ns : None, "all", "log", sequence of int or 1-D int tensor, default None
+        Selection sizes ``N`` (see :func:`tl_geometry.selection.resolve_ns`); None = every N.
+    kappa : float, default 0.5
+        The paper's universal concentration constant ``kappa > 0`` (SPEC §4).
+    rho : "measured", SimilarityModel or ("model", beta, rho_0), default "measured"
+        Source of the cosines ``rho_jk``: measured from ``values``, or the Assumption 2 model
+        ``exp(-beta |j-k|)`` (``j, k > 0``) and ``rho_0`` against the sink, with ``j, k`` the
+        key indices (positions), not the ranks.
+    dtype : torch.dtype, default torch.float64
+    block_bytes : int, default 16 MiB
+        Working-set size of one block of ``[rows, sizes, keys]`` tensors; a tuning knob only.
+
+    Returns
+    -------
+    Bounds
+        ``ns`` and seven ``[*batch, len(ns)]`` tensors; F bounds as properties.
+    """
+    check_row_inputs(weights, values)
+    if not (isinstance(kappa, (int, float)) and math.isfinite(kappa) and kappa > 0):
+        raise InputError(f"kappa must be a finite number > 0, got {kappa!r}")
+    model = resolve_rho(rho)
+    n_keys = weights.shape[-1]
+    ns_t = resolve_ns(ns, n_keys, device=weights.device)
+    w, packing = einops.pack([weights.to(dtype)], "* k")
+    v, _ = einops.pack([values.to(dtype)], "* k d")
+    out = _bounds_rows(w, v, ns_t, float(kappa), model, block_bytes)
+    return Bounds(ns=ns_t, **{name: einops.unpack(x, packing, "* n")[0] for name, x in out.items()})
+
+
+def _bounds_rows(
+    weights: Tensor, values: Tensor, ns: Tensor, kappa: float, model: SimilarityModel | None, block_bytes: int
+) -> dict[str, Tensor]:
+    """The engine on flat rows: weights [R, K], values [R, K, d] -> seven [R, G] tensors."""
+    n_rows, n_keys, dim = values.shape
+    n_sizes = ns.shape[0]
+    dtype, device = values.dtype, values.device
+    out = {name: torch.empty(n_rows, n_sizes, dtype=dtype, device=device) for name in BOUND_FIELDS}
+    cell = torch.finfo(dtype).bits // 8
+    row_block = max(1, min(n_rows, block_bytes // max(1, 4 * n_keys * n_keys * cell)))
+    for r0 in range(0, n_rows, row_block):
+        rows = slice(r0, r0 + row_block)
+        per_row = _RowPrecompute(weights[rows], values[rows], model)
+        n_r = per_row.a.shape[0]
+        size_block = max(1, block_bytes // max(1, 12 * n_r * n_keys * cell))
+        for g0 in range(0, n_sizes, size_block):
+            sizes = slice(g0, g0 + size_block)
+            block = per_row.bounds(ns[sizes], kappa, dim)
+            for name, x in block.items():
+                out[name][rows, sizes] = x
+    return out
+
+
+class _RowPrecompute:
+    """Everything about a block of rows that does not depend on ``N``, in selection order."""
+
+    def __init__(self, weights: Tensor, values: Tensor, model: SimilarityModel | None) -> None:
+        _, n_keys, dim = values.shape
+        self.n_keys = n_keys
+        order = torch.argsort(weights, dim=-1, descending=True, stable=True)  # same order as selection.py
+        alpha = torch.gather(weights, -1, order)
+        v = torch.gather(values, -2, einops.repeat(order, "r k -> r k d", d=dim))
+        norms = torch.linalg.vector_norm(v, dim=-1)
+        self.a = alpha * norms  # a_t in selection order, [r, K]
+        self.sink = order == 0  # [r, K], one True per row
+        self.sink_rank = self.sink.to(torch.int64).argmax(dim=-1)  # [r]
+        self.a0 = self.a.gather(-1, self.sink_rank[:, None])[:, 0]  # [r]
+        if model is None:
+            u = v / torch.where(norms > 0, norms, 1.0)[..., None]
+            rho = einops.einsum(u, u, "r i d, r j d -> r i j")
+            rho.diagonal(dim1=-2, dim2=-1).fill_(1.0)
+        else:
+            rho = model.cosines(order, order, dtype=values.dtype)
+        a_ns = torch.where(self.sink, 0.0, self.a)  # a_l for l in I' (sink removed), [r, K]
+        # prefix quantities over ranks 0..t (index N-1 gives I_N)
+        self.s_in = torch.cumsum(a_ns, dim=-1)
+        self.a_in_min = torch.cummin(torch.where(self.sink, torch.inf, self.a), dim=-1).values
+        self.a_in_max = torch.cummax(torch.where(self.sink, -torch.inf, self.a), dim=-1).values
+        # suffix maxima over ranks t..K-1, padded with the empty-set value 0 at t = K
+        self.a_out_max = _pad_last(_suffix_max(self.a, dim=-1), 0.0)  # [r, K+1]
+        # rho is symmetric, so both scans run along the contiguous last dimension:
+        # rho_suffix[r, k, t] = max_{t' >= t} rho[t', k] (column t = K: the empty set, 0)
+        self.rho_suffix = _pad_last(_suffix_max(rho, dim=-1), 0.0)  # [r, K, K+1]
+        # m_prefix[r, j, t] = sum_{l <= t, l in I'} a_l rho_lj: column N-1 holds M_j(N)
+        self.m_prefix = torch.cumsum(rho * a_ns[:, None, :], dim=-1)  # [r, K, K]
+
+    def bounds(self, ns: Tensor, kappa: float, dim: int) -> dict[str, Tensor]:
+        n_keys = self.n_keys
+        n_rows = self.a.shape[0]
+        dtype = self.a.dtype
+        rank = torch.arange(n_keys, device=ns.device)
+        inside = rank[None, :] < ns[:, None]  # [g, K]
+        in_prime = inside[None] & ~self.sink[:, None, :]  # [r, g, K]
+        n_f = ns.to(dtype)
+        m_out = (n_keys - ns).to(dtype)  # M = K - N
+
+        s_in = self.s_in[:, ns - 1]  # [r, g]
+        a_in_min = self.a_in_min[:, ns - 1]
+        a_in_min = torch.where(torch.isinf(a_in_min), torch.nan, a_in_min)  # I' empty: undefined
+        a_in_max = self.a_in_max[:, ns - 1].clamp(min=0.0)  # I' empty: 0
+        a_out_max = self.a_out_max[:, ns]
+        rho_rows = self.rho_suffix[:, :, ns].transpose(-1, -2)  # [r, g, K]: max over j of rank >= N, per k
+        rho_out = torch.where(in_prime, rho_rows, -torch.inf).amax(dim=-1)
+        rho_out = torch.where(torch.isinf(rho_out) | (ns == n_keys)[None, :], 0.0, rho_out)
+
+        delta = a_in_min**2 - 2 * a_out_max * s_in * rho_out
+        delta0 = self.a0[:, None] ** 2 - (s_in * rho_out) ** 2
+        scale = a_in_max + a_out_max + s_in
+        sink_in = self.sink_rank[:, None] < ns[None, :]  # [r, g]
+
+        t = _tail(delta, scale, kappa, dim)
+        t0 = torch.where(sink_in, _tail(delta0, scale, kappa, dim), 0.0)
+        union = m_out * t + (m_out / n_f) * t0
+        precision_lower = (1.0 / (1.0 + union)).clamp(0.0, 1.0)
+        recall_lower = (1.0 - union).clamp(0.0, 1.0)
+
+        # upper bounds: mu_ij = c_j - c_i, c_t = a_t^2 - 2 a_t M_t(N)
+        m_j = self.m_prefix[:, :, ns - 1].transpose(-1, -2)  # [r, g, K]
+        c = self.a[:, None, :] ** 2 - 2 * self.a[:, None, :] * m_j
+        sigma = scale / math.sqrt(2.0 * kappa * dim)  # [r, g]
+        p_max = _max_p_over_outside(c, inside, sigma)  # [r, g, K] for each i: max_{j not in I_N} p_ij
+        p_max = torch.where(inside[None], p_max, 0.0)
+        recall_upper = (1.0 - p_max).where(inside[None], 0.0).sum(dim=-1) / n_f
+        precision_upper = 1.0 - p_max.amax(dim=-1) / (n_f + 1.0)
+
+        trivial = ((ns == 1) | (ns == n_keys))[None, :].expand(n_rows, -1)
+        one = torch.ones((), dtype=dtype, device=ns.device)
+        return {
+            "precision_lower": torch.where(trivial, one, precision_lower),
+            "precision_upper": torch.where(trivial, one, precision_upper),
+            "recall_lower": torch.where(trivial, one, recall_lower),
+            "recall_upper": torch.where(trivial, one, recall_upper),
+            "delta": delta,
+            "delta0": delta0,
+            "scale": scale,
+        }
+
+
+def _suffix_max(x: Tensor, dim: int) -> Tensor:
+    """``out[..., t, ...] = max_{t' >= t} x[..., t', ...]`` along ``dim``."""
+    return torch.flip(torch.cummax(torch.flip(x, (dim,)), dim=dim).values, (dim,))
+
+
+def _pad_last(x: Tensor, value: float) -> Tensor:
+    return torch.cat([x, torch.full_like(x[..., :1], value)], dim=-1)
+
+
+def _tail(margin: Tensor, scale: Tensor, kappa: float, dim: int) -> Tensor:
+    """``exp(-kappa d (margin / B)^2)`` where ``margin > 0``, else 1 (no guarantee); NaN -> 1."""
+    positive = margin > 0
+    ratio = torch.where(positive, margin / torch.where(scale > 0, scale, 0.0), 0.0)  # margin > 0, B = 0 -> inf
+    return torch.where(positive, torch.exp(-kappa * dim * ratio**2), 1.0)
+
+
+def p_of_xi(xi: Tensor) -> Tensor:
+    """Eq. 9: ``phi(xi) / (xi + 1/xi)`` for ``xi > 0``, 0 at ``xi = 0``, 1/2 for ``xi < 0``.
+
+    ``xi = +inf`` gives 0. This is the Mills-ratio lower bound of the Gaussian tail
+    ``P(Z >= xi)``, unimodal on ``xi > 0`` with its peak at :data:`XI_STAR`.
+    """
+    pos = xi > 0
+    safe = torch.where(pos, xi, 1.0)
+    body = _INV_SQRT_2PI * torch.exp(-0.5 * safe**2) / (safe + 1.0 / safe)
+    body = torch.where(torch.isinf(safe), 0.0, body)
+    return torch.where(pos, body, torch.where(xi < 0, 0.5, 0.0))
+
+
+def _xi(diff: Tensor, sigma: Tensor) -> Tensor:
+    """``diff / sigma`` with ``sigma = 0`` read as ``sign(diff) * inf`` (and 0 for ``diff = 0``)."""
+    return torch.where(sigma > 0, diff / torch.where(sigma > 0, sigma, 1.0), torch.sign(diff) * torch.inf).nan_to_num(
+        nan=0.0, posinf=torch.inf, neginf=-torch.inf
+    )
+
+
+def _max_p_over_outside(c: Tensor, inside: Tensor, sigma: Tensor) -> Tensor:
+    """``max_{j not in I_N} p((c_j - c_i) / sigma)`` for every key ``i``: c [r, g, K] -> [r, g, K].
+
+    ``p`` is 1/2 as soon as one outside ``c_j < c_i``; otherwise every ``xi >= 0`` and, ``p``
+    being 0 at 0 and unimodal on ``xi > 0`` with its peak at ``XI_STAR``, the maximum is at one
+    of the two outside values bracketing ``c_i + XI_STAR sigma``. 0 when nothing is outside.
+    """
+    n_keys = c.shape[-1]
+    n_out = (n_keys - inside.sum(dim=-1))[None, :, None]  # [1, g, 1]
+    outside_sorted = torch.sort(torch.where(inside[None], torch.inf, c), dim=-1).values  # [r, g, K]
+    sig = sigma[..., None]  # [r, g, 1]
+    below = outside_sorted[..., :1] < c  # some outside c_j < c_i: xi < 0
+    target = (c + XI_STAR * sig).contiguous()
+    idx = torch.searchsorted(outside_sorted.contiguous(), target, right=False)  # first outside >= target
+    hi = outside_sorted.gather(-1, idx.clamp(max=n_keys - 1))
+    hi_ok = idx < n_out
+    lo_idx = idx - 1
+    lo = outside_sorted.gather(-1, lo_idx.clamp(min=0))
+    lo_ok = (lo_idx >= 0) & (lo_idx < n_out) & (lo > c)
+    p_hi = torch.where(hi_ok, p_of_xi(_xi(torch.where(hi_ok, hi - c, 0.0), sig)), 0.0)
+    p_lo = torch.where(lo_ok, p_of_xi(_xi(torch.where(lo_ok, lo - c, 0.0), sig)), 0.0)
+    best = torch.maximum(p_hi, p_lo)
+    return torch.where(below & (n_out > 0), 0.5, best)

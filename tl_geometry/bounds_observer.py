@@ -1,0 +1,162 @@
+"""Envelopes of Theorems 1-2 inside the streaming analysis: an observer and the comparison table.
+
+* :class:`BoundsObserver` computes :func:`tl_geometry.bounds.bounds` for every head and chosen
+  query row of a layer (a :class:`~tl_geometry.capture.LayerObserver`), in the same row order as
+  :class:`~tl_geometry.analysis.SeparabilityObserver`, so the two tables join on
+  ``seq, layer, head, kv_head, query_pos, n``.
+* :func:`join_bounds` adds the bound columns to a separability table.
+* :func:`envelopes` compares, per ``N``, the measured precision / recall with the envelopes.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import pandas as pd
+import torch
+
+from .bounds import BOUND_FIELDS, F_BOUND_FIELDS, RhoLike, bounds, resolve_rho
+from .capture import LayerBatch, values_per_head
+from .errors import InputError
+from .models import ModelInfo
+from .selection import NsLike
+from .tables import KEY_COLUMNS, empty_table, head_rows_table
+
+BOUND_COLUMNS = [
+    "precision_lower", "precision_upper", "recall_lower", "recall_upper",
+    "f_at_rmax_lower", "f_at_rmax_upper", "f_at_rmin_lower", "f_at_rmin_upper",
+    "delta", "delta0", "scale",
+]  # fmt: skip
+BOUNDS_COLUMNS = KEY_COLUMNS + BOUND_COLUMNS
+
+
+class BoundsObserver:
+    """Computes the SPEC §4 envelopes for every head and chosen query row of a layer.
+
+    Parameters
+    ----------
+    info : ModelInfo
+        The model's geometry; ``d = info.d_head`` (the values' last dimension).
+    ns : selection sizes, as for :func:`tl_geometry.analyze` (e.g. ``"log"``).
+    kappa : float, default 0.5
+        The concentration constant (stored in ``attrs["kappa"]`` of every table it returns).
+    dtype : torch.dtype, default torch.float64
+    rho : "measured" (default), SimilarityModel or ("model", beta, rho_0)
+        Source of the cosines (see :func:`tl_geometry.bounds.bounds`).
+
+    Use it as one of the observers of :func:`tl_geometry.capture.run_streaming`, then
+    :meth:`take` the table (columns :data:`BOUNDS_COLUMNS`, one row per
+    ``(seq, head, query_pos, n)`` of each observed layer).
+    """
+
+    def __init__(
+        self,
+        info: ModelInfo,
+        ns: NsLike,
+        kappa: float = 0.5,
+        dtype: torch.dtype = torch.float64,
+        rho: RhoLike = "measured",
+    ) -> None:
+        resolve_rho(rho)  # fail early on a bad spec
+        self.info = info
+        self.ns = ns
+        self.kappa = kappa
+        self.dtype = dtype
+        self.rho = rho
+        self.kv_head_of = info.kv_head_of()
+        self.chunks: list[pd.DataFrame] = []
+
+    def observe(self, batch: LayerBatch) -> None:
+        values = values_per_head(batch.values, self.kv_head_of)  # [b, h, L, d]
+        for qi, q in enumerate(batch.query_positions):
+            n_keys = q + 1
+            res = bounds(
+                batch.weights[:, :, qi, :n_keys], values[:, :, :n_keys], self.ns, self.kappa,
+                rho=self.rho, dtype=self.dtype,
+            )  # fmt: skip
+            metrics = {name: getattr(res, name) for name in BOUND_COLUMNS}
+            self.chunks.append(head_rows_table(batch, q, res.ns, self.kv_head_of, metrics))
+
+    def take(self) -> pd.DataFrame:
+        """The rows gathered since the last call, as one DataFrame (and forget them)."""
+        if self.chunks:
+            out = pd.concat(self.chunks, ignore_index=True)
+        else:
+            out = empty_table(BOUND_COLUMNS)
+        out.attrs = {"kappa": self.kappa, "rho": str(self.rho)}
+        self.chunks = []
+        return out
+
+
+def join_bounds(separability: pd.DataFrame, bounds_table: pd.DataFrame) -> pd.DataFrame:
+    """Add the bound columns of ``bounds_table`` to ``separability`` (left join on the keys).
+
+    Both tables must come from the same sequences, layers, query positions and ``ns`` (one row
+    per key in each); ``attrs["kappa"]`` of ``bounds_table`` is kept.
+    """
+    missing = [c for c in KEY_COLUMNS if c not in separability or c not in bounds_table]
+    if missing:
+        raise InputError(f"both tables need the key columns {KEY_COLUMNS}; missing {missing}")
+    right = bounds_table[KEY_COLUMNS + [c for c in BOUND_COLUMNS if c in bounds_table]]
+    out = separability.merge(right, on=KEY_COLUMNS, how="left", validate="one_to_one")
+    if len(separability) and out["precision_lower"].isna().all():
+        raise InputError(
+            "no row of the bounds table matches the separability table: were they measured on the same run?"
+        )
+    out.attrs = dict(bounds_table.attrs)
+    return out
+
+
+def envelopes(
+    separability_with_bounds: pd.DataFrame, by: Sequence[str] = ("n",), tolerance: float = 1e-12
+) -> pd.DataFrame:
+    """Per ``N`` (or per ``by``), measured means against the mean envelopes, and shares inside.
+
+    Aggregates over every other row of the table (sequences, layers, heads, query positions).
+
+    Parameters
+    ----------
+    separability_with_bounds : DataFrame
+        A separability table with the bound columns (see :func:`join_bounds`).
+    by : columns to group by, default ``("n",)``.
+    tolerance : float, default 1e-12
+        Slack of the comparisons ``lower <= value <= upper`` (rounding only).
+
+    Returns
+    -------
+    DataFrame
+        One row per group: ``rows``; for ``m`` in ``precision, recall``: ``m`` (mean),
+        ``m_lower``, ``m_upper`` (mean envelopes), ``m_inside`` (share of rows with
+        ``lower <= m <= upper``), ``m_below`` (share under the lower bound), ``m_above`` (share
+        over the upper bound) and ``m_mean_inside`` (whether the mean lies between the mean
+        envelopes, the form in which the theorems bound ``E m``). ``attrs["kappa"]`` is kept.
+    """
+    df = separability_with_bounds
+    need = ["precision", "recall", "precision_lower", "precision_upper", "recall_lower", "recall_upper", *by]
+    missing = [c for c in need if c not in df]
+    if missing:
+        raise InputError(f"envelopes() needs the columns {need}; missing {missing} (use join_bounds first)")
+    work = df[list(by)].copy()
+    for m in ("precision", "recall"):
+        value, low, up = df[m], df[f"{m}_lower"], df[f"{m}_upper"]
+        work[m] = value
+        work[f"{m}_lower"] = low
+        work[f"{m}_upper"] = up
+        work[f"{m}_below"] = (value < low - tolerance).astype(float)
+        work[f"{m}_above"] = (value > up + tolerance).astype(float)
+        work[f"{m}_inside"] = 1.0 - work[f"{m}_below"] - work[f"{m}_above"]
+    grouped = work.groupby(list(by), sort=True)
+    out = grouped.mean()
+    out.insert(0, "rows", grouped.size())
+    for m in ("precision", "recall"):
+        out[f"{m}_mean_inside"] = (out[m] >= out[f"{m}_lower"] - tolerance) & (out[m] <= out[f"{m}_upper"] + tolerance)
+    order = ["rows"] + [
+        f"{m}{s}" for m in ("precision", "recall")
+        for s in ("", "_lower", "_upper", "_inside", "_below", "_above", "_mean_inside")
+    ]  # fmt: skip
+    out = out[order].reset_index()
+    out.attrs = dict(df.attrs)
+    return out
+
+
+__all__ = ["BOUNDS_COLUMNS", "BoundsObserver", "envelopes", "join_bounds", "BOUND_FIELDS", "F_BOUND_FIELDS"]

@@ -1,0 +1,41 @@
+"""Tidy tables from per-head results (SPEC §6): one row per (seq, layer, head, query_pos, n)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from torch import Tensor
+
+from .capture import LayerBatch
+
+KEY_COLUMNS = ["seq", "layer", "head", "kv_head", "query_pos", "n"]
+
+
+def head_rows_table(
+    batch: LayerBatch, query_pos: int, ns: Tensor, kv_head_of: Tensor, metrics: dict[str, Tensor]
+) -> pd.DataFrame:
+    """Long table of ``[batch, head, n]`` metrics of one layer and query position.
+
+    Rows are ordered by sequence, then head, then ``n``; the key columns are
+    :data:`KEY_COLUMNS`, followed by one column per entry of ``metrics``.
+    """
+    first = next(iter(metrics.values()))
+    b, h, n = first.shape
+    cols: dict[str, np.ndarray] = {
+        "seq": np.repeat(batch.seq_ids.cpu().numpy(), h * n),
+        "layer": np.full(b * h * n, batch.layer, dtype=np.int64),
+        "head": np.tile(np.repeat(np.arange(h), n), b),
+        "kv_head": np.tile(np.repeat(kv_head_of.cpu().numpy(), n), b),
+        "query_pos": np.full(b * h * n, query_pos, dtype=np.int64),
+        "n": np.tile(ns.cpu().numpy(), b * h),
+    }
+    for name, values in metrics.items():
+        cols[name] = values.reshape(-1).cpu().numpy()
+    return pd.DataFrame(cols)
+
+
+def empty_table(float_columns: list[str]) -> pd.DataFrame:
+    """An empty table with the key columns (int64) and ``float_columns`` (float64)."""
+    spec = {c: pd.Series(dtype="int64") for c in KEY_COLUMNS}
+    spec.update({c: pd.Series(dtype="float64") for c in float_columns})
+    return pd.DataFrame(spec)
