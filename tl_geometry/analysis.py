@@ -20,13 +20,13 @@ from tqdm.auto import tqdm
 
 from .bounds import RhoLike
 from .bounds_observer import BoundsObserver, envelopes, join_bounds
-from .capture import LayerBatch, resolve_query_positions, run_streaming, values_per_head
+from .capture import resolve_query_positions, run_streaming
 from .corpus import Corpus, TokenCorpus, from_texts, from_tokens
 from .errors import InputError
 from .models import ModelInfo, describe_model, load_model
 from .selection import NsLike, resolve_ns
 from .separability import separability
-from .tables import empty_table, head_rows_table
+from .tables import RowMetricsObserver, empty_table
 
 SEPARABILITY_COLUMNS = [
     "seq", "layer", "head", "kv_head", "query_pos", "n",
@@ -35,32 +35,21 @@ SEPARABILITY_COLUMNS = [
 _METRICS = SEPARABILITY_COLUMNS[6:]
 
 
-class SeparabilityObserver:
+class SeparabilityObserver(RowMetricsObserver):
     """Computes :func:`tl_geometry.separability` for every head and chosen query row of a layer.
 
     Keeps only the ``[batch, head, n]`` results (float64) of each layer and query position.
     """
 
+    columns = _METRICS
+
     def __init__(self, info: ModelInfo, ns: NsLike, dtype: torch.dtype = torch.float64) -> None:
-        self.info = info
-        self.ns = ns
+        super().__init__(info, ns)
         self.dtype = dtype
-        self.kv_head_of = info.kv_head_of()
-        self.chunks: list[pd.DataFrame] = []
 
-    def observe(self, batch: LayerBatch) -> None:
-        values = values_per_head(batch.values, self.kv_head_of)  # [b, h, L, d]
-        for qi, q in enumerate(batch.query_positions):
-            n_keys = q + 1
-            res = separability(batch.weights[:, :, qi, :n_keys], values[:, :, :n_keys], self.ns, dtype=self.dtype)
-            metrics = {name: getattr(res, name) for name in _METRICS}
-            self.chunks.append(head_rows_table(batch, q, res.ns, self.kv_head_of, metrics))
-
-    def take(self) -> pd.DataFrame:
-        """The rows gathered since the last call, as one DataFrame (and forget them)."""
-        out = pd.concat(self.chunks, ignore_index=True) if self.chunks else _empty_separability()
-        self.chunks = []
-        return out
+    def metrics(self, weights: Tensor, values: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        res = separability(weights, values, self.ns, dtype=self.dtype)
+        return res.ns, {name: getattr(res, name) for name in _METRICS}
 
 
 def _empty_separability() -> pd.DataFrame:

@@ -16,11 +16,10 @@ import pandas as pd
 import torch
 
 from .bounds import BOUND_FIELDS, F_BOUND_FIELDS, RhoLike, bounds, resolve_rho
-from .capture import LayerBatch, values_per_head
 from .errors import InputError
 from .models import ModelInfo
 from .selection import NsLike
-from .tables import KEY_COLUMNS, empty_table, head_rows_table
+from .tables import KEY_COLUMNS, RowMetricsObserver
 
 BOUND_COLUMNS = [
     "precision_lower", "precision_upper", "recall_lower", "recall_upper",
@@ -30,7 +29,7 @@ BOUND_COLUMNS = [
 BOUNDS_COLUMNS = KEY_COLUMNS + BOUND_COLUMNS
 
 
-class BoundsObserver:
+class BoundsObserver(RowMetricsObserver):
     """Computes the SPEC §4 envelopes for every head and chosen query row of a layer.
 
     Parameters
@@ -49,6 +48,8 @@ class BoundsObserver:
     ``(seq, head, query_pos, n)`` of each observed layer).
     """
 
+    columns = BOUND_COLUMNS
+
     def __init__(
         self,
         info: ModelInfo,
@@ -58,33 +59,19 @@ class BoundsObserver:
         rho: RhoLike = "measured",
     ) -> None:
         resolve_rho(rho)  # fail early on a bad spec
-        self.info = info
-        self.ns = ns
+        super().__init__(info, ns)
         self.kappa = kappa
         self.dtype = dtype
         self.rho = rho
-        self.kv_head_of = info.kv_head_of()
-        self.chunks: list[pd.DataFrame] = []
 
-    def observe(self, batch: LayerBatch) -> None:
-        values = values_per_head(batch.values, self.kv_head_of)  # [b, h, L, d]
-        for qi, q in enumerate(batch.query_positions):
-            n_keys = q + 1
-            res = bounds(
-                batch.weights[:, :, qi, :n_keys], values[:, :, :n_keys], self.ns, self.kappa,
-                rho=self.rho, dtype=self.dtype,
-            )  # fmt: skip
-            metrics = {name: getattr(res, name) for name in BOUND_COLUMNS}
-            self.chunks.append(head_rows_table(batch, q, res.ns, self.kv_head_of, metrics))
+    def metrics(self, weights: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        res = bounds(weights, values, self.ns, self.kappa, rho=self.rho, dtype=self.dtype)
+        return res.ns, {name: getattr(res, name) for name in BOUND_COLUMNS}
 
     def take(self) -> pd.DataFrame:
         """The rows gathered since the last call, as one DataFrame (and forget them)."""
-        if self.chunks:
-            out = pd.concat(self.chunks, ignore_index=True)
-        else:
-            out = empty_table(BOUND_COLUMNS)
+        out = super().take()
         out.attrs = {"kappa": self.kappa, "rho": str(self.rho)}
-        self.chunks = []
         return out
 
 
