@@ -93,7 +93,8 @@ def test_interrupted_run_resumes_without_loss(llama_bridge, tmp_path, monkeypatc
     import tl_geometry.analysis as analysis
 
     corpus = tlg.corpus.from_texts(TEXT, n_seqs=5, seq_len=16)
-    reference = tlg.analyze(llama_bridge, corpus, batch_size=2, progress=False).separability
+    full = tlg.analyze(llama_bridge, corpus, batch_size=2, diagnostics=True, k_max=4, progress=False)
+    reference = full.separability
     real = analysis.run_streaming
     calls = {"n": 0}
 
@@ -105,15 +106,34 @@ def test_interrupted_run_resumes_without_loss(llama_bridge, tmp_path, monkeypatc
 
     monkeypatch.setattr(analysis, "run_streaming", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        tlg.analyze(llama_bridge, corpus, batch_size=2, out_dir=tmp_path, progress=False)
+        tlg.analyze(llama_bridge, corpus, batch_size=2, diagnostics=True, k_max=4, out_dir=tmp_path, progress=False)
     monkeypatch.setattr(analysis, "run_streaming", real)
     assert len(list((tmp_path / "separability").glob("*.parquet"))) == 1
-    resumed = tlg.analyze(llama_bridge, corpus, batch_size=2, out_dir=tmp_path, progress=False)
+    assert [p.name for p in (tmp_path / "state").iterdir()] == ["diagnostics-000002.pt"]
+    resumed = tlg.analyze(llama_bridge, corpus, batch_size=2, diagnostics=True, k_max=4, out_dir=tmp_path, progress=False)
     pd.testing.assert_frame_equal(resumed.separability, reference)
+    for name in ("value_norms", "similarity", "attention_profile", "similarity_curve"):
+        pd.testing.assert_frame_equal(getattr(resumed, name), getattr(full, name), rtol=1e-12)
+    assert [p.name for p in (tmp_path / "state").iterdir()] == ["diagnostics-000005.pt"]
     with pytest.raises(tlg.InputError, match="resume=True"):
         tlg.analyze(llama_bridge, corpus, batch_size=2, out_dir=tmp_path, resume=False, progress=False)
     with pytest.raises(tlg.InputError, match="other settings"):
         tlg.analyze(llama_bridge, corpus, ns=[1, 2], batch_size=2, out_dir=tmp_path, progress=False)
+
+
+def test_diagnostics_tables_match_the_observer_run_by_hand(llama_bridge) -> None:
+    from tl_geometry.capture import run_streaming
+
+    corpus = tlg.corpus.from_texts(TEXT, n_seqs=3, seq_len=24)
+    result = tlg.analyze(llama_bridge, corpus, diagnostics=True, k_max=5, progress=False)
+    info = tlg.describe_model(llama_bridge)
+    by_hand = tlg.DiagnosticsObserver(info, k_max=5)
+    run_streaming(llama_bridge, info, result.tokens, torch.arange(3), [0, 1], (23,), [by_hand])
+    tables = by_hand.tables()
+    assert sorted(result.value_norms.layer.unique()) == [0, 1]
+    assert len(result.attention_profile) == info.n_layers * info.n_heads
+    for name in ("value_norms", "similarity", "attention_profile"):
+        pd.testing.assert_frame_equal(getattr(result, name), getattr(tables, name), rtol=1e-12)
 
 
 def test_bounds_columns_match_the_raw_function(llama_bridge) -> None:

@@ -9,10 +9,20 @@ Attention" under the definitions of SPEC.md. Start with::
     result.separability
 """
 
-from . import corpus
+from . import corpus, diagnostics
 from .analysis import AnalysisResult, analyze, corpus_tokens
 from .bounds import Bounds, SimilarityModel, bounds, f_bound
 from .bounds_observer import BoundsObserver, envelopes, join_bounds
+from .diagnostics import (
+    AttentionProfileFit,
+    DiagnosticsObserver,
+    DiagnosticsTables,
+    SimilarityDecay,
+    ValueNormStats,
+    fit_attention_profile,
+    similarity_decay,
+    value_norm_stats,
+)
 from .errors import InputError, ModelError, TLGeometryError
 from .regimes_of_n import PiecewiseProfile, regime_boundaries, regimes_of_n
 from .models import DEFAULT_MODEL, ModelInfo, describe_model, kv_head_index, load_model
@@ -23,6 +33,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AnalysisResult",
+    "AttentionProfileFit",
+    "DiagnosticsObserver",
+    "DiagnosticsTables",
+    "SimilarityDecay",
+    "ValueNormStats",
+    "diagnostics",
+    "fit_attention_profile",
+    "similarity_decay",
+    "value_norm_stats",
     "Bounds",
     "BoundsObserver",
     "PiecewiseProfile",

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from .bounds import RhoLike
 from .bounds_observer import BoundsObserver, envelopes, join_bounds
 from .capture import resolve_query_positions, run_streaming
+from .diagnostics import DiagnosticsObserver
 from .corpus import Corpus, TokenCorpus, from_texts, from_tokens
 from .errors import InputError
 from .models import ModelInfo, describe_model, load_model
@@ -76,6 +77,13 @@ class AnalysisResult:
     timings : dict
         ``total_s`` (wall time), ``analysis_s`` (time inside the hooks' computations) and
         ``forward_s`` (the rest: the model's forward passes and bookkeeping).
+    value_norms, similarity, attention_profile : DataFrame or None
+        With ``diagnostics=True``: per (layer, kv_head) ``sink_ratio, norm_cv, median_norm...``;
+        per (layer, kv_head) ``beta, mae, share_negative, rho_0...``; per (layer, head)
+        ``p_sink, p_base, eta_osc, omega, eta_exp, T1, T2, fit_error...`` (SPEC §3).
+    value_norm_curve, similarity_curve, attention_profile_curve : DataFrame or None
+        The curves behind them: mean norm by position (Fig. 2), ``c(k)`` by lag with its fit
+        (Fig. 3), mean attention by position with the fitted profile (Fig. 4).
     """
 
     separability: pd.DataFrame
@@ -83,6 +91,12 @@ class AnalysisResult:
     config: dict
     tokens: Tensor = field(repr=False)
     timings: dict = field(default_factory=dict)
+    value_norms: pd.DataFrame | None = field(default=None, repr=False)
+    similarity: pd.DataFrame | None = field(default=None, repr=False)
+    attention_profile: pd.DataFrame | None = field(default=None, repr=False)
+    value_norm_curve: pd.DataFrame | None = field(default=None, repr=False)
+    similarity_curve: pd.DataFrame | None = field(default=None, repr=False)
+    attention_profile_curve: pd.DataFrame | None = field(default=None, repr=False)
 
     def mean_by_n(self) -> pd.DataFrame:
         """Mean precision, recall and F-scores per ``N`` over every sequence, layer, head and query."""
@@ -117,6 +131,8 @@ def analyze(
     layers: Sequence[int] | None = None,
     batch_size: int = 4,
     dtype: torch.dtype = torch.float64,
+    diagnostics: bool = False,
+    k_max: int | None = 64,
     bounds: bool = False,
     kappa: float = 0.5,
     rho: RhoLike = "measured",
@@ -145,6 +161,13 @@ def analyze(
         Windows per forward pass. Results do not depend on it.
     dtype : torch.dtype, default torch.float64
         Precision of the separability computation.
+    diagnostics : bool, default False
+        Also accumulate the assumption diagnostics of SPEC §3 (value norms and the sink,
+        similarity decay, the attention-weight profile of the largest query position) into
+        ``result.value_norms``, ``result.similarity``, ``result.attention_profile`` and their
+        curves (see :mod:`tl_geometry.diagnostics`).
+    k_max : int or None, default 64
+        Largest lag of the cosine-by-lag curve ``c(k)`` (with ``diagnostics=True``).
     bounds : bool, default False
         Also compute the envelopes of Theorems 1-2 and Corollary 1 (SPEC §4) for every row and
         add their columns (``precision_lower``, ``precision_upper``, ``recall_lower``,
@@ -193,13 +216,19 @@ def analyze(
         "layers": layer_list,
         "dtype": str(dtype),
         "bounds": {"kappa": float(kappa), "rho": str(rho)} if bounds else None,
+        "diagnostics": {"k_max": k_max} if diagnostics else None,
     }
     store = _ResultStore(Path(out_dir), config, resume) if out_dir is not None else None
     observer = SeparabilityObserver(info, ns, dtype)
-    observers: list = [observer]
     bounds_observer = BoundsObserver(info, ns, kappa, dtype, rho) if bounds else None
-    if bounds_observer is not None:
-        observers.append(bounds_observer)
+    # observers that accumulate over sequences; their state is saved with every batch
+    accumulators: dict[str, Any] = {}
+    if diagnostics:
+        accumulators["diagnostics"] = DiagnosticsObserver(info, k_max=k_max)
+    if store:
+        for name, state in store.load_states().items():
+            accumulators[name].load_state_dict(state)
+    observers = [observer, *([bounds_observer] if bounds_observer else []), *accumulators.values()]
     done = store.done_seqs() if store else set()
     todo = [i for i in range(tokens.shape[0]) if i not in done]
     kept: list[pd.DataFrame] = []
@@ -219,7 +248,7 @@ def analyze(
             if bounds_observer is not None:
                 table = join_bounds(table, bounds_observer.take())
             if store:
-                store.write(ids.tolist(), table)
+                store.write(ids.tolist(), table, {name: acc.state_dict() for name, acc in accumulators.items()})
             else:
                 kept.append(table)
             bar.update(len(ids))
@@ -228,12 +257,14 @@ def analyze(
     total_s = time.perf_counter() - start
     table = store.read() if store else (pd.concat(kept, ignore_index=True) if kept else _empty_separability())
     table = table.sort_values(["seq", "layer", "head", "query_pos", "n"], kind="stable").reset_index(drop=True)
+    extra = accumulators["diagnostics"].tables().as_dict() if diagnostics else {}
     return AnalysisResult(
         separability=table,
         model=info,
         config=config,
         tokens=tokens,
         timings={"total_s": total_s, "analysis_s": analysis_s, "forward_s": total_s - analysis_s},
+        **extra,
     )
 
 
@@ -281,9 +312,10 @@ def _resolve_layers(layers: Sequence[int] | None, n_layers: int) -> list[int]:
 class _ResultStore:
     """Per-batch parquet parts in ``out_dir/separability/`` plus ``out_dir/progress.json``.
 
-    A part is written (to a temporary name, then renamed) before its sequences are recorded as
+    A part and the accumulators' states (``out_dir/state/NAME-NNNNNN.pt``) are written (to a
+    temporary name, then renamed) before ``progress.json`` records them and their sequences as
     done, so an interruption at any moment leaves a directory that resumes without loss or
-    duplicates.
+    duplicates. Older state files are deleted only after that record.
     """
 
     def __init__(self, out_dir: Path, config: dict, resume: bool) -> None:
@@ -303,20 +335,37 @@ class _ResultStore:
             self.state = saved
         else:
             self.parts.mkdir(parents=True, exist_ok=True)
-            self.state = {"config": config, "done": [], "parts": []}
+            self.state = {"config": config, "done": [], "parts": [], "states": {}}
             self._save()
+        self.states_dir = out_dir / "state"
 
     def done_seqs(self) -> set[int]:
         return set(self.state["done"])
 
-    def write(self, seq_ids: list[int], table: pd.DataFrame) -> None:
+    def write(self, seq_ids: list[int], table: pd.DataFrame, states: dict[str, dict]) -> None:
         name = f"part-{seq_ids[0]:06d}-{seq_ids[-1]:06d}.parquet"
         tmp = self.parts / (name + ".tmp")
         table.to_parquet(tmp, index=False)
         tmp.replace(self.parts / name)
+        n_done = len(self.state["done"]) + len(seq_ids)
+        old_files = dict(self.state.get("states", {}))
+        new_files = {}
+        self.states_dir.mkdir(exist_ok=True)
+        for key, state in states.items():
+            file = f"{key}-{n_done:06d}.pt"
+            torch.save(state, self.states_dir / (file + ".tmp"))
+            (self.states_dir / (file + ".tmp")).replace(self.states_dir / file)
+            new_files[key] = file
         self.state["done"].extend(seq_ids)
         self.state["parts"].append(name)
+        self.state["states"] = new_files
         self._save()
+        for file in set(old_files.values()) - set(new_files.values()):
+            (self.states_dir / file).unlink(missing_ok=True)
+
+    def load_states(self) -> dict[str, dict]:
+        """The accumulators' states recorded as done (empty for a new run)."""
+        return {key: torch.load(self.states_dir / file) for key, file in self.state.get("states", {}).items()}
 
     def read(self) -> pd.DataFrame:
         frames = [pd.read_parquet(self.parts / name) for name in self.state["parts"]]

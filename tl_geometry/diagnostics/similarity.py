@@ -1,0 +1,259 @@
+"""Cross-token similarity decay and sink similarity (SPEC §3, paper §3.2, Assumption 2, Fig. 3).
+
+For one key/value head, with ``u_i = v_i / ||v_i||``:
+
+* ``c(k) = mean cos(v_i, v_j)`` over the pairs ``i, j > 0``, ``|i - j| = k``, for ``k = 1..k_max``,
+  pooled over every pair of every sequence (each sequence of ``L`` keys has ``L - 1 - k`` pairs at
+  lag ``k``, so with equal window lengths this is also the mean over sequences of the
+  per-sequence means);
+* the least-squares fit ``c(k) ~ exp(-beta k)`` on ``k = 1..k_max``; ``mae = mean_k |c(k) -
+  exp(-beta k)|``;
+* ``share_negative``: the share of the pairwise cosines counted in ``c(1..k_max)`` that are
+  negative (Assumption 2 cannot express them);
+* ``rho_0 = mean_{j>0} cos(v_0, v_j)``, pooled over sequences in the same way.
+
+The accumulator keeps, per head and lag, the sum of the cosines, of their squares and the count
+of negative ones, so batches merge exactly (up to float64 rounding). Lagged cosines come from
+banded block products (:mod:`.lag_cosines`): no ``[L, L]`` matrix unless ``k_max`` is close to
+``L``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import einops
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from .._typing import typechecked
+from ..errors import InputError
+from ._common import ACC_DTYPE, as_state, check_same, unit
+from .decay_fit import fit_exponential_decay
+from .lag_cosines import lag_cosine_sums
+
+#: Default largest lag. Assumption 2 is about how similarity falls off with distance; at
+#: long lags real values keep a floor of shared direction that a pure exponential cannot follow.
+DEFAULT_K_MAX = 64
+
+SIMILARITY_COLUMNS = ["kv_head", "n_seqs", "n_keys", "k_max", "beta", "mae", "share_negative", "rho_0"]
+SIMILARITY_CURVE_COLUMNS = ["kv_head", "k", "c", "c_std", "share_negative", "n_pairs", "fit"]
+
+
+@dataclass(frozen=True)
+class SimilarityDecay:
+    """Similarity diagnostics of one layer's values (SPEC §3), as tidy DataFrames.
+
+    Attributes
+    ----------
+    summary : DataFrame, one row per ``kv_head``
+        ``n_seqs``, ``n_keys`` (``L``), ``k_max`` (lags fitted), ``beta``, ``mae``,
+        ``share_negative`` (over the pairs with lag ``1..k_max``), ``rho_0``.
+    curve : DataFrame, one row per ``(kv_head, k)``
+        ``c`` (``c(k)``), ``c_std`` (population std of the pairwise cosines at lag ``k``),
+        ``share_negative`` (at lag ``k``), ``n_pairs``, ``fit`` (``exp(-beta k)``): Fig. 3's input.
+    """
+
+    summary: pd.DataFrame
+    curve: pd.DataFrame
+
+
+class SimilarityAccumulator:
+    """Mergeable per-lag sums behind :func:`similarity_decay` (one layer, every key/value head).
+
+    Parameters
+    ----------
+    k_max : int or None, default 64
+        Largest lag. ``None`` means every lag (``L - 2``); a value above ``L - 2`` is lowered to
+        ``L - 2`` (the ``k_max`` column says which lags were used).
+    """
+
+    def __init__(self, k_max: int | None = DEFAULT_K_MAX) -> None:
+        if k_max is not None and (not isinstance(k_max, int) or k_max < 1):
+            raise InputError(f"k_max must be a positive integer or None (every lag), got {k_max!r}")
+        self.k_max_requested = k_max
+        self.k_max: int | None = None
+        self.n_seqs = 0
+        self.n_keys: int | None = None
+        self.n_kv_heads: int | None = None
+        self.sums: dict[str, Tensor] = {}
+
+    def update(self, values: Tensor) -> "SimilarityAccumulator":
+        """Add the sequences of ``values`` ``[batch, key, kv_head, d_head]``."""
+        b, n_keys, n_kv, _ = values.shape
+        if n_keys < 3:
+            raise InputError(f"similarity decay needs at least 3 positions (the sink and a pair), got {n_keys}")
+        if b == 0:
+            return self
+        self._init(n_keys, n_kv)
+        u = unit(values.to(ACC_DTYPE))  # [b, L, g, d]
+        rest = einops.rearrange(u[:, 1:], "b l g d -> (b g) l d").contiguous()
+        sums, sums_sq, neg = lag_cosine_sums(rest, self.k_max)
+        per_head = lambda x: einops.reduce(x, "(b g) k -> g k", "sum", b=b)  # noqa: E731
+        sink_cos = einops.einsum(u[:, :1], u[:, 1:], "b one g d, b l g d -> b l g")
+        add = {
+            "lag": per_head(sums),
+            "lag_sq": per_head(sums_sq),
+            "lag_neg": per_head(neg.to(ACC_DTYPE)),
+            "sink": einops.reduce(sink_cos, "b l g -> g", "sum"),
+        }
+        for k, v in add.items():
+            self.sums[k] += v
+        self.n_seqs += b
+        return self
+
+    def merge(self, other: "SimilarityAccumulator") -> "SimilarityAccumulator":
+        """Add ``other``'s sequences to this accumulator (in place; returns ``self``)."""
+        check_same("similarity", self.k_max_requested, other.k_max_requested, "k_max")
+        if other.n_seqs == 0:
+            return self
+        if self.n_seqs == 0:
+            self._init(other.n_keys, other.n_kv_heads)
+        geometry = (self.n_keys, self.n_kv_heads), (other.n_keys, other.n_kv_heads)
+        check_same("similarity", *geometry, "(n_keys, n_kv_heads)")
+        for k in self.sums:
+            self.sums[k] += other.sums[k]
+        self.n_seqs += other.n_seqs
+        return self
+
+    def curve_tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """``(ks, c, c_std, n_neg, n_pairs)``: ``ks`` ``[k_max]``, the rest ``[kv_head, k_max]``
+        except ``n_pairs`` ``[k_max]`` (pairs per head)."""
+        ks = torch.arange(1, self.k_max + 1, dtype=torch.int64)
+        n_pairs = (self.n_seqs * (self.n_keys - 1 - ks)).to(ACC_DTYPE)
+        c = self.sums["lag"] / n_pairs
+        c_std = (self.sums["lag_sq"] / n_pairs - c.square()).clamp_min(0).sqrt()
+        return ks, c, c_std, self.sums["lag_neg"], n_pairs
+
+    def result(self, k_fit: int | None = None) -> SimilarityDecay:
+        """The summary and the ``c(k)`` curve; the exponential is fitted on ``k = 1..k_fit``.
+
+        ``k_fit`` (default: the accumulator's ``k_max``) refits a shorter range of the same curve.
+        """
+        if self.n_seqs == 0:
+            return SimilarityDecay(_empty(SIMILARITY_COLUMNS), _empty(SIMILARITY_CURVE_COLUMNS))
+        k_fit = self.k_max if k_fit is None else int(k_fit)
+        if not 1 <= k_fit <= self.k_max:
+            raise InputError(f"k_fit={k_fit} is outside the accumulated lags 1..{self.k_max}")
+        ks, c, c_std, n_neg, n_pairs = self.curve_tensors()
+        ks, c, c_std, n_neg, n_pairs = ks[:k_fit], c[:, :k_fit], c_std[:, :k_fit], n_neg[:, :k_fit], n_pairs[:k_fit]
+        beta, mae = fit_exponential_decay(c, ks)
+        g = c.shape[0]
+        n_sink = self.n_seqs * (self.n_keys - 1)
+        summary = pd.DataFrame(
+            {
+                "kv_head": np.arange(g, dtype=np.int64),
+                "n_seqs": np.full(g, self.n_seqs, dtype=np.int64),
+                "n_keys": np.full(g, self.n_keys, dtype=np.int64),
+                "k_max": np.full(g, k_fit, dtype=np.int64),
+                "beta": beta.numpy(),
+                "mae": mae.numpy(),
+                "share_negative": (n_neg.sum(-1) / n_pairs.sum()).numpy(),
+                "rho_0": (self.sums["sink"] / n_sink).numpy(),
+            }
+        )
+        curve = pd.DataFrame(
+            {
+                "kv_head": np.repeat(np.arange(g, dtype=np.int64), k_fit),
+                "k": np.tile(ks.numpy(), g),
+                "c": c.reshape(-1).numpy(),
+                "c_std": c_std.reshape(-1).numpy(),
+                "share_negative": (n_neg / n_pairs).reshape(-1).numpy(),
+                "n_pairs": np.tile(n_pairs.numpy().astype(np.int64), g),
+                "fit": torch.exp(-beta[:, None] * ks).reshape(-1).numpy(),
+            }
+        )
+        return SimilarityDecay(summary, curve)
+
+    def state_dict(self) -> dict:
+        """A copy of the accumulator's state (tensors and ints), e.g. for ``torch.save``."""
+        return as_state(
+            {
+                "k_max_requested": self.k_max_requested,
+                "k_max": self.k_max,
+                "n_seqs": self.n_seqs,
+                "n_keys": self.n_keys,
+                "n_kv_heads": self.n_kv_heads,
+                "sums": self.sums,
+            }
+        )
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> "SimilarityAccumulator":
+        """Rebuild an accumulator saved with :meth:`state_dict`."""
+        acc = cls(state["k_max_requested"])
+        acc.k_max = state["k_max"]
+        acc.n_seqs = int(state["n_seqs"])
+        acc.n_keys = state["n_keys"]
+        acc.n_kv_heads = state["n_kv_heads"]
+        acc.sums = as_state(dict(state["sums"]))
+        return acc
+
+    def _init(self, n_keys: int, n_kv: int) -> None:
+        if self.n_keys is None:
+            self.n_keys, self.n_kv_heads = n_keys, n_kv
+            req = self.k_max_requested
+            self.k_max = n_keys - 2 if req is None else min(req, n_keys - 2)
+            self.sums = {
+                "lag": torch.zeros(n_kv, self.k_max, dtype=ACC_DTYPE),
+                "lag_sq": torch.zeros(n_kv, self.k_max, dtype=ACC_DTYPE),
+                "lag_neg": torch.zeros(n_kv, self.k_max, dtype=ACC_DTYPE),
+                "sink": torch.zeros(n_kv, dtype=ACC_DTYPE),
+            }
+        else:
+            check_same("similarity", (self.n_keys, self.n_kv_heads), (n_keys, n_kv), "(n_keys, n_kv_heads)")
+
+
+def _empty(columns: list[str]) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
+
+
+@typechecked
+def similarity_decay(
+    values: Float[Tensor, "batch key kv_head d_head"],
+    k_max: int | None = DEFAULT_K_MAX,
+) -> SimilarityDecay:
+    """Cosine-by-lag curve ``c(k)``, its exponential fit and the sink similarity (SPEC §3; Fig. 3).
+
+    Parameters
+    ----------
+    values : Tensor [batch, key, kv_head, d_head]
+        Value vectors of ``batch`` sequences of ``key >= 3`` positions (``hook_v``'s layout);
+        position 0 is the sink.
+    k_max : int or None, default 64
+        Largest lag ``k``. ``None``: every lag, ``L - 2``. Values above ``L - 2`` are lowered
+        to it (the ``k_max`` column reports the lags used).
+
+    Returns
+    -------
+    SimilarityDecay
+        ``summary`` (one row per ``kv_head``: ``beta``, ``mae``, ``share_negative``, ``rho_0``)
+        and ``curve`` (one row per ``(kv_head, k)``).
+
+    Notes
+    -----
+    With ``u_i = v_i / ||v_i||`` and ``S`` sequences of ``L`` keys:
+
+    * ``c(k) = sum_s sum_{i=1}^{L-1-k} <u_i, u_{i+k}> / (S (L - 1 - k))``, ``k = 1..k_max``:
+      every pair ``i, j > 0`` with ``|i - j| = k`` counted once, pooled over sequences;
+    * ``beta = argmin_{beta > 0} sum_{k=1}^{k_max} (c(k) - exp(-beta k))^2`` (least squares in
+      ``c``, searched on ``[1e-6, 50]``); ``mae = mean_{k=1}^{k_max} |c(k) - exp(-beta k)|``;
+    * ``share_negative = #{pairs counted in c(1..k_max) with cos < 0} / #{those pairs}``;
+    * ``rho_0 = sum_s sum_{j=1}^{L-1} <u_0, u_j> / (S (L - 1))``.
+
+    The products are taken in float64 between blocks of ``max(k_max, 32)`` positions, so the
+    cost is ``O(L k_max d)`` per head and no ``[L, L]`` matrix is formed unless ``k_max`` is
+    close to ``L``. A zero vector has cosine 0 with everything.
+
+    Examples
+    --------
+    >>> import torch, tl_geometry as tlg
+    >>> v = torch.randn(2, 256, 1, 512)            # independent directions: c(k) ~ 0
+    >>> res = tlg.similarity_decay(v, k_max=32)
+    >>> res.summary[["beta", "mae", "share_negative", "rho_0"]]   # beta large, share ~ 0.5
+    >>> res.curve.head()
+    """
+    return SimilarityAccumulator(k_max).update(values).result()
