@@ -156,3 +156,16 @@ def test_bounds_columns_match_the_raw_function(llama_bridge) -> None:
     assert (env.loc[env.n == 1, "precision_inside"] == 1).all()
     with pytest.raises(tlg.InputError, match="bounds=True"):
         tlg.analyze(llama_bridge, corpus, ns=[1, 2], progress=False).envelopes()
+
+
+def test_save_and_load_round_trip(llama_bridge, tmp_path) -> None:
+    corpus = tlg.corpus.from_texts(TEXT, n_seqs=2, seq_len=16)
+    result = tlg.analyze(llama_bridge, corpus, diagnostics=True, k_max=3, bounds=True, progress=False)
+    back = tlg.load_result(result.save(tmp_path / "saved"))
+    assert set(back.tables()) == set(result.tables()) and "attention_profile" in back.tables()
+    for name, table in result.tables().items():
+        pd.testing.assert_frame_equal(back.tables()[name], table)
+    assert torch.equal(back.tokens, result.tokens) and back.model == result.model
+    assert back.config == result.config
+    with pytest.raises(tlg.InputError, match="no saved result"):
+        tlg.load_result(tmp_path / "nothing")

@@ -10,7 +10,7 @@ Attention" under the definitions of SPEC.md. Start with::
 """
 
 from . import corpus, diagnostics
-from .analysis import AnalysisResult, analyze, corpus_tokens
+from .analysis import AnalysisResult, analyze, corpus_tokens, load_result
 from .bounds import Bounds, SimilarityModel, bounds, f_bound
 from .bounds_observer import BoundsObserver, envelopes, join_bounds
 from .diagnostics import (
@@ -65,6 +65,7 @@ __all__ = [
     "describe_model",
     "kv_head_index",
     "load_model",
+    "load_result",
     "log_spaced_ns",
     "precision_recall_at_radius",
     "separability",

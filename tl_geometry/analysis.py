@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
@@ -114,12 +115,51 @@ class AnalysisResult:
         table.attrs["kappa"] = (self.config.get("bounds") or {}).get("kappa")
         return table
 
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """Every table this result holds, by attribute name (those not computed are left out)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), pd.DataFrame)
+        }
+
+    def save(self, directory: str | Path) -> Path:
+        """Write every table as ``NAME.parquet``, the windows as ``tokens.npy`` and the rest as
+        ``result.json`` into ``directory`` (created if needed); :func:`load_result` reads it back."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, table in self.tables().items():
+            tmp = out / f"{name}.parquet.tmp"
+            table.to_parquet(tmp, index=False)
+            tmp.replace(out / f"{name}.parquet")
+        np.save(out / "tokens.npy", self.tokens.cpu().numpy())
+        meta = {"model": asdict(self.model), "config": self.config, "timings": self.timings}
+        (out / "result.json").write_text(json.dumps(meta, indent=2, default=str))
+        return out
+
     def __repr__(self) -> str:
         s = self.separability
         return (
             f"AnalysisResult(model={self.model.name!r}, seqs={self.tokens.shape[0]}, seq_len={self.tokens.shape[1]}, "
             f"layers={s.layer.nunique() if len(s) else 0}, heads={self.model.n_heads}, rows={len(s)})"
         )
+
+
+def load_result(directory: str | Path) -> AnalysisResult:
+    """Read an :class:`AnalysisResult` written by :meth:`AnalysisResult.save` (or ``tl-geometry run``)."""
+    src = Path(directory)
+    if not (src / "result.json").is_file():
+        raise InputError(f"{src} holds no saved result (no result.json): run `tl-geometry run --out {src}` first")
+    meta = json.loads((src / "result.json").read_text())
+    names = {f.name for f in fields(AnalysisResult)}
+    tables = {p.name[: -len(".parquet")]: pd.read_parquet(p) for p in sorted(src.glob("*.parquet"))}
+    return AnalysisResult(
+        model=ModelInfo(**meta["model"]),
+        config=meta["config"],
+        timings=meta.get("timings", {}),
+        tokens=torch.from_numpy(np.load(src / "tokens.npy")),
+        **{name: table for name, table in tables.items() if name in names},
+    )
 
 
 def analyze(
