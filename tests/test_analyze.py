@@ -109,12 +109,12 @@ def test_interrupted_run_resumes_without_loss(llama_bridge, tmp_path, monkeypatc
         tlg.analyze(llama_bridge, corpus, batch_size=2, diagnostics=True, k_max=4, out_dir=tmp_path, progress=False)
     monkeypatch.setattr(analysis, "run_streaming", real)
     assert len(list((tmp_path / "separability").glob("*.parquet"))) == 1
-    assert [p.name for p in (tmp_path / "state").iterdir()] == ["diagnostics-000002.pt"]
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["diagnostics-000002.pt", "taxonomy-000002.pt"]
     resumed = tlg.analyze(llama_bridge, corpus, batch_size=2, diagnostics=True, k_max=4, out_dir=tmp_path, progress=False)
     pd.testing.assert_frame_equal(resumed.separability, reference)
-    for name in ("value_norms", "similarity", "attention_profile", "similarity_curve"):
+    for name in ("value_norms", "similarity", "attention_profile", "similarity_curve", "regime_features"):
         pd.testing.assert_frame_equal(getattr(resumed, name), getattr(full, name), rtol=1e-12)
-    assert [p.name for p in (tmp_path / "state").iterdir()] == ["diagnostics-000005.pt"]
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["diagnostics-000005.pt", "taxonomy-000005.pt"]
     with pytest.raises(tlg.InputError, match="resume=True"):
         tlg.analyze(llama_bridge, corpus, batch_size=2, out_dir=tmp_path, resume=False, progress=False)
     with pytest.raises(tlg.InputError, match="other settings"):

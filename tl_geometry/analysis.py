@@ -23,6 +23,7 @@ from .bounds import RhoLike
 from .bounds_observer import BoundsObserver, envelopes, join_bounds
 from .capture import resolve_query_positions, run_streaming
 from .diagnostics import DiagnosticsObserver
+from .taxonomy import TaxonomyObserver, classify_heads, rho0_table, sink_effect
 from .corpus import Corpus, TokenCorpus, from_texts, from_tokens
 from .errors import InputError
 from .models import ModelInfo, describe_model, load_model
@@ -98,6 +99,7 @@ class AnalysisResult:
     value_norm_curve: pd.DataFrame | None = field(default=None, repr=False)
     similarity_curve: pd.DataFrame | None = field(default=None, repr=False)
     attention_profile_curve: pd.DataFrame | None = field(default=None, repr=False)
+    regime_features: pd.DataFrame | None = field(default=None, repr=False)
 
     def mean_by_n(self) -> pd.DataFrame:
         """Mean precision, recall and F-scores per ``N`` over every sequence, layer, head and query."""
@@ -114,6 +116,26 @@ class AnalysisResult:
         table = envelopes(self.separability, by)
         table.attrs["kappa"] = (self.config.get("bounds") or {}).get("kappa")
         return table
+
+    def sink_effect(self, query_pos: int | None = None) -> pd.DataFrame:
+        """Per ``N``: Pearson and Spearman correlation across (layer, head) of the mean recall(N)
+        (over sequences) with ``rho_0``, and ``n_heads`` (SPEC §5, Figure 6).
+
+        ``rho_0`` comes from ``regime_features`` (``taxonomy=True``) or, failing that, from
+        ``similarity`` (``diagnostics=True``); see :func:`tl_geometry.taxonomy.sink_effect`.
+        """
+        if self.regime_features is not None:
+            rho0 = rho0_table(self.regime_features)
+        elif self.similarity is not None:
+            rho0 = self.similarity
+        else:
+            raise InputError("this result has no rho_0: run tlg.analyze(..., taxonomy=True) or diagnostics=True")
+        return sink_effect(self.separability, rho0, query_pos=query_pos)
+
+    def classify_heads(self, query_pos: int | None = None, **thresholds: Any) -> pd.DataFrame:
+        """Retriever / Reset / Mixer / Unclassified per (layer, head) (SPEC §5); see
+        :func:`tl_geometry.taxonomy.classify_heads` for the thresholds and the columns."""
+        return classify_heads(self, query_pos=query_pos, **thresholds)
 
     def tables(self) -> dict[str, pd.DataFrame]:
         """Every table this result holds, by attribute name (those not computed are left out)."""
@@ -172,6 +194,7 @@ def analyze(
     batch_size: int = 4,
     dtype: torch.dtype = torch.float64,
     diagnostics: bool = False,
+    taxonomy: bool = True,
     k_max: int | None = 64,
     bounds: bool = False,
     kappa: float = 0.5,
@@ -206,6 +229,10 @@ def analyze(
         similarity decay, the attention-weight profile of the largest query position) into
         ``result.value_norms``, ``result.similarity``, ``result.attention_profile`` and their
         curves (see :mod:`tl_geometry.diagnostics`).
+    taxonomy : bool, default True
+        Also accumulate the SPEC §5 regime features of every head (mean and std over sequences,
+        per ``N``) into ``result.regime_features``; then ``result.sink_effect()`` and
+        ``result.classify_heads()`` (see :mod:`tl_geometry.taxonomy`).
     k_max : int or None, default 64
         Largest lag of the cosine-by-lag curve ``c(k)`` (with ``diagnostics=True``).
     bounds : bool, default False
@@ -257,6 +284,7 @@ def analyze(
         "dtype": str(dtype),
         "bounds": {"kappa": float(kappa), "rho": str(rho)} if bounds else None,
         "diagnostics": {"k_max": k_max} if diagnostics else None,
+        "taxonomy": taxonomy,
     }
     store = _ResultStore(Path(out_dir), config, resume) if out_dir is not None else None
     observer = SeparabilityObserver(info, ns, dtype)
@@ -265,6 +293,8 @@ def analyze(
     accumulators: dict[str, Any] = {}
     if diagnostics:
         accumulators["diagnostics"] = DiagnosticsObserver(info, k_max=k_max)
+    if taxonomy:
+        accumulators["taxonomy"] = TaxonomyObserver(info, ns, dtype)
     if store:
         for name, state in store.load_states().items():
             accumulators[name].load_state_dict(state)
@@ -298,6 +328,8 @@ def analyze(
     table = store.read() if store else (pd.concat(kept, ignore_index=True) if kept else _empty_separability())
     table = table.sort_values(["seq", "layer", "head", "query_pos", "n"], kind="stable").reset_index(drop=True)
     extra = accumulators["diagnostics"].tables().as_dict() if diagnostics else {}
+    if taxonomy:
+        extra["regime_features"] = accumulators["taxonomy"].features()
     return AnalysisResult(
         separability=table,
         model=info,

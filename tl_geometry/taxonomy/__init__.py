@@ -1,0 +1,59 @@
+"""The sink effect and the head taxonomy (SPEC §5; paper §4.1-4.2, Appendix A.4).
+
+* :func:`regime_features` — the SPEC §5 features of raw attention rows (``c_sink``, ``c_last``,
+  ``c_rest``, ``rho_0``, ``cos(s(N), v_0)``, ``cos(s(N), v_L)``, ``||s(N)||`` and its
+  leave-one-out variants);
+* :class:`TaxonomyObserver` — the same features for every head of a model, streamed inside
+  :func:`tl_geometry.capture.run_streaming` and averaged over sequences (mean and std);
+* :func:`classify_heads` — Retriever / Reset / Mixer / Unclassified per (layer, head), with the
+  margin, the deciding condition and every feature (:class:`RegimeThresholds` documents the
+  thresholds);
+* :func:`sink_effect` — per ``N``, Pearson and Spearman correlation of recall with ``rho_0``
+  across heads (Figure 6);
+* :func:`regime_shares` (Figure 8), :func:`regime_pr_curves` (Figure 11) and
+  :func:`classification_stability` (labels of two halves of the sequences).
+"""
+
+from .accumulate import TABLE_COLUMNS as FEATURE_TABLE_COLUMNS
+from .accumulate import FeatureAccumulator
+from .classify import (
+    ALL_LABELS,
+    HEAD_FEATURE_COLUMNS,
+    REGIMES,
+    UNCLASSIFIED,
+    RegimeThresholds,
+    classify_heads,
+    head_features,
+)
+from .features import RegimeFeatures, regime_features, sink_similarity
+from .observer import TaxonomyObserver, halves
+from .sink_effect import average_ranks, pearson, rho0_table, sink_effect, spearman
+from .summaries import ClassificationStability, classification_stability, regime_pr_curves, regime_shares
+from .tables import regime_feature_table
+
+__all__ = [
+    "ALL_LABELS",
+    "ClassificationStability",
+    "FEATURE_TABLE_COLUMNS",
+    "FeatureAccumulator",
+    "HEAD_FEATURE_COLUMNS",
+    "REGIMES",
+    "RegimeFeatures",
+    "RegimeThresholds",
+    "TaxonomyObserver",
+    "UNCLASSIFIED",
+    "average_ranks",
+    "classification_stability",
+    "classify_heads",
+    "halves",
+    "head_features",
+    "pearson",
+    "regime_feature_table",
+    "regime_features",
+    "regime_pr_curves",
+    "regime_shares",
+    "rho0_table",
+    "sink_effect",
+    "sink_similarity",
+    "spearman",
+]

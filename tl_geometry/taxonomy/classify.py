@@ -1,0 +1,319 @@
+"""Head regimes: Retriever, Reset, Mixer or Unclassified (SPEC §5; paper §4.2, Figures 7, 8, 10).
+
+Step 1, :func:`head_features`: the per-(layer, head) summary of the sequence-mean curves of the
+features table (one query position). With the analysed grid ``G`` of selection sizes and
+``K = query_pos + 1`` keys:
+
+* ``cos_vL_low`` / ``cos_vL_high``: the ``1 - stay_share`` / ``stay_share`` quantiles (default
+  0.25 / 0.75, linear interpolation) over ``N in G`` of the mean curve ``cos(s(N), v_L)``.
+  "Stays high across N" means ``cos_vL_low >= threshold`` (high on at least 75 % of the grid);
+  "stays low" means ``cos_vL_high <= threshold`` (low on at least 75 % of the grid, so the
+  alignment may rise "at very large N", the paper's wording for Reset). The quantiles are over the
+  analysed grid: with the default log grid every octave of ``N`` weighs the same.
+* ``cos_v0_small``, ``cos_vL_small``: the mean of the curves over the small-N window
+  ``N <= n_small`` (default 4, the paper's operating regime ``N in [1, 4]``); ``cos_v0_large``,
+  ``cos_vL_large``: the mean over the large-N window ``N >= large_frac * K`` (default ``K / 2``,
+  which ends with ``s(K)``, the head's whole output). A window holding no grid point is replaced
+  by the grid's smallest (largest) ``N``. ``shift_v0 = cos_v0_large - cos_v0_small`` and
+  ``shift_vL = cos_vL_large - cos_vL_small``.
+* ``drop_sink`` / ``drop_last``: the median over the ``N`` where the key is selected in at least
+  one sequence of ``1 - mean ||s(N) - y_0|| / mean ||s(N)||`` (resp. ``y_L``): how much of
+  ``||s||`` the sink / the last token carries (Figure 7, top). Reported, not used by the labels.
+
+Step 2, :func:`classify_heads`: conditions, each with a *slack* (>= 0 when it holds), in the unit
+of its feature: natural-log ratio for the contribution-norm comparisons (0.1 is about 10 %),
+cosine difference for the alignment conditions.
+
+* Retriever: ``c_last >= retriever_dominance * max(c_sink, c_rest)``
+  (slack ``log(c_last / max(c_sink, c_rest)) - log(retriever_dominance)``) and
+  ``cos_vL_low >= retriever_cos`` (slack ``cos_vL_low - retriever_cos``).
+* Reset: ``c_sink >= reset_dominance * max(c_last, c_rest)`` and ``cos_vL_high <= reset_cos``.
+* Mixer: ``min(c_sink, c_rest) <= c_last <= max(c_sink, c_rest)`` (slack: the smaller of the two
+  log ratios), ``shift_v0 <= -mixer_shift`` (``cos(s, v_0)`` falls) and
+  ``shift_vL >= mixer_shift`` (``cos(s, v_L)`` rises).
+
+A regime's *score* is the smallest slack of its conditions (it holds iff ``score >= 0``). Labels
+are given in the order Retriever, Reset, Mixer: a head takes the first regime that holds, and is
+``Unclassified`` when none does. With the default dominances a head cannot be Retriever and Reset
+at once (except on an exact tie); Reset comes before Mixer because a sink-dominated head whose
+``v_L`` alignment only rises at very large ``N`` is the paper's Reset, not a Mixer.
+
+``margin``: how far the label is from changing, ``min |score|`` over the regimes checked to decide
+it, i.e. the regimes up to and including the label (every regime for ``Unclassified``). It is
+never negative; ``deciding`` names the slack that sets it: the tightest condition of the label's
+regime, or the most violated condition of an earlier regime that is closest to holding (for
+``Unclassified``: of the regime closest to holding). Moving that threshold by more than the margin
+changes the label.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import InputError
+
+REGIMES = ("Retriever", "Reset", "Mixer")
+UNCLASSIFIED = "Unclassified"
+ALL_LABELS = REGIMES + (UNCLASSIFIED,)
+
+#: Conditions of each regime, as ``(regime, condition name)``; the slack column is
+#: ``slack_<regime lower>_<condition>``.
+CONDITIONS = {
+    "Retriever": ("dominance", "alignment"),
+    "Reset": ("dominance", "alignment"),
+    "Mixer": ("between", "sink_falls", "last_rises"),
+}
+_TINY = np.finfo(np.float64).tiny
+
+
+@dataclass(frozen=True)
+class RegimeThresholds:
+    """Thresholds of the head taxonomy (SPEC §5). Every one is a keyword of :func:`classify_heads`.
+
+    Attributes
+    ----------
+    retriever_dominance : float, default 1.0
+        Retriever needs ``c_last >= retriever_dominance * max(c_sink, c_rest)``. 1.0 is SPEC §5's
+        "c_last is the largest of the three".
+    retriever_cos : float, default 0.5
+        Retriever needs ``cos(s(N), v_L) >= retriever_cos`` on at least ``stay_share`` of the
+        grid. 0.5 (60 degrees): the projection of ``s`` on ``v_L`` is at least half of ``||s||``;
+        four standard deviations of the cosine of two random directions in ``d = 64``
+        (``1 / sqrt(d) = 0.125``).
+    reset_dominance : float, default 1.0
+        Reset needs ``c_sink >= reset_dominance * max(c_last, c_rest)``; 1.0 is SPEC §5's
+        "sink-dominated". A value below 1 reads the paper's "comparable to or exceeds".
+    reset_cos : float, default 0.3
+        Reset needs ``cos(s(N), v_L) <= reset_cos`` on at least ``stay_share`` of the grid: less
+        than 9 % of ``||s||^2`` along ``v_L``. Kept below ``retriever_cos`` so that heads in the
+        gap are not forced into either regime.
+    mixer_shift : float, default 0.1
+        Mixer needs ``cos(s, v_0)`` to fall and ``cos(s, v_L)`` to rise by at least this much
+        between the small-N and large-N windows. The std over sequences of these cosines is
+        typically 0.15 (SmolLM2, python_docs), so with 8 sequences the standard error of a mean
+        is about 0.05 and 0.1 is two standard errors.
+    n_small : int, default 4
+        Small-N window ``N <= n_small``: the paper's operating regime ``N in [1, 4]``.
+    large_frac : float, default 0.5
+        Large-N window ``N >= large_frac * K``; it ends with ``s(K)``, the head's output.
+    stay_share : float, default 0.75
+        "Stays high / low across N" means on at least this share of the analysed grid.
+    """
+
+    retriever_dominance: float = 1.0
+    retriever_cos: float = 0.5
+    reset_dominance: float = 1.0
+    reset_cos: float = 0.3
+    mixer_shift: float = 0.1
+    n_small: int = 4
+    large_frac: float = 0.5
+    stay_share: float = 0.75
+
+    def __post_init__(self) -> None:
+        for name in ("retriever_dominance", "reset_dominance"):
+            if not getattr(self, name) > 0:
+                raise InputError(f"{name} must be positive (a ratio of norms), got {getattr(self, name)}")
+        if not 0 < self.large_frac <= 1:
+            raise InputError(f"large_frac must be in (0, 1], got {self.large_frac}")
+        if not 0.5 <= self.stay_share <= 1:
+            raise InputError(f"stay_share must be in [0.5, 1], got {self.stay_share}")
+        if self.n_small < 1:
+            raise InputError(f"n_small must be at least 1, got {self.n_small}")
+
+    @classmethod
+    def of(cls, **overrides: Any) -> "RegimeThresholds":
+        """Defaults with ``overrides``; an unknown name is an :class:`InputError`."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise InputError(f"unknown thresholds {unknown}; known: {sorted(known)}")
+        return cls(**overrides)
+
+
+SUMMARY_PARAMS = ("n_small", "large_frac", "stay_share")
+
+HEAD_FEATURE_COLUMNS = [
+    "layer", "head", "kv_head", "query_pos", "n_keys", "n_seqs",
+    "c_sink", "c_sink_std", "c_last", "c_last_std", "c_rest", "c_rest_std", "rho_0", "rho_0_std",
+    "cos_vL_low", "cos_vL_high", "cos_v0_small", "cos_v0_large", "shift_v0",
+    "cos_vL_small", "cos_vL_large", "shift_vL", "drop_sink", "drop_last",
+]  # fmt: skip
+
+
+def _one_query(table: pd.DataFrame, query_pos: int | None) -> pd.DataFrame:
+    positions = sorted(table["query_pos"].unique().tolist())
+    if query_pos is None:
+        if len(positions) > 1:
+            raise InputError(
+                f"the table holds query positions {positions[:8]}; pass query_pos= one of them "
+                "(curves over N of rows with different K are not averaged together)"
+            )
+        return table
+    if query_pos not in positions:
+        raise InputError(f"query_pos={query_pos} is not in the table (it holds {positions[:8]})")
+    return table[table["query_pos"] == query_pos]
+
+
+def head_features(
+    features: pd.DataFrame,
+    *,
+    query_pos: int | None = None,
+    n_small: int = RegimeThresholds.n_small,
+    large_frac: float = RegimeThresholds.large_frac,
+    stay_share: float = RegimeThresholds.stay_share,
+) -> pd.DataFrame:
+    """Per-(layer, head) summary of a features table (columns :data:`HEAD_FEATURE_COLUMNS`).
+
+    Parameters
+    ----------
+    features : DataFrame
+        The per-(layer, head, query_pos, n) table of
+        :meth:`tl_geometry.taxonomy.TaxonomyObserver.features` (sequence means).
+    query_pos : int, optional
+        The query position to summarise; needed only when the table holds several.
+    n_small, large_frac, stay_share
+        Windows and quantile of the summary (see the module docstring and :class:`RegimeThresholds`).
+
+    Returns
+    -------
+    DataFrame, one row per (layer, head): the sequence-mean scalars (``c_*``, ``rho_0`` and their
+    std over sequences), the curve summaries, ``n_keys`` (``K``) and ``n_seqs``.
+    """
+    RegimeThresholds(n_small=n_small, large_frac=large_frac, stay_share=stay_share)  # validates
+    missing = {"layer", "head", "query_pos", "n", "cos_s_v0", "cos_s_vL", "norm_s"} - set(features.columns)
+    if missing:
+        raise InputError(f"not a features table (missing columns {sorted(missing)}); use TaxonomyObserver.features()")
+    t = _one_query(features, query_pos).sort_values(["layer", "head", "n"], kind="stable")
+    if t.empty:
+        raise InputError("the features table is empty: observe some sequences first")
+    t = t.assign(n_keys=t["query_pos"] + 1)
+    keys = ["layer", "head"]
+    g = t.groupby(keys, sort=True)
+    first = g[["kv_head", "query_pos", "n_keys", "n_seqs", "c_sink", "c_sink_std", "c_last", "c_last_std",
+               "c_rest", "c_rest_std", "rho_0", "rho_0_std"]].first()  # fmt: skip
+    out = first.copy()
+    out["cos_vL_low"] = g["cos_s_vL"].quantile(1 - stay_share)
+    out["cos_vL_high"] = g["cos_s_vL"].quantile(stay_share)
+
+    n_min = g["n"].transform("min")
+    n_max = g["n"].transform("max")
+    small = t["n"] <= np.maximum(n_small, n_min)
+    large = t["n"] >= np.minimum(large_frac * t["n_keys"], n_max)
+    for name, curve in (("v0", "cos_s_v0"), ("vL", "cos_s_vL")):
+        out[f"cos_{name}_small"] = t[small].groupby(keys)[curve].mean()
+        out[f"cos_{name}_large"] = t[large].groupby(keys)[curve].mean()
+        out[f"shift_{name}"] = out[f"cos_{name}_large"] - out[f"cos_{name}_small"]
+    for name, loo in (("sink", "norm_s_minus_sink"), ("last", "norm_s_minus_last")):
+        ratio = 1 - t[loo] / t["norm_s"].where(t["norm_s"] > 0)
+        out[f"drop_{name}"] = ratio.groupby([t["layer"], t["head"]]).median()
+    return out.reset_index()[HEAD_FEATURE_COLUMNS]
+
+
+def _log_ratio(a: pd.Series, b: pd.Series) -> pd.Series:
+    return np.log(np.maximum(a, _TINY)) - np.log(np.maximum(b, _TINY))
+
+
+def _slacks(h: pd.DataFrame, th: RegimeThresholds) -> dict[str, pd.Series]:
+    hi = np.maximum(h["c_sink"], h["c_rest"])
+    lo = np.minimum(h["c_sink"], h["c_rest"])
+    return {
+        "slack_retriever_dominance": _log_ratio(h["c_last"], np.maximum(h["c_sink"], h["c_rest"]))
+        - math.log(th.retriever_dominance),
+        "slack_retriever_alignment": h["cos_vL_low"] - th.retriever_cos,
+        "slack_reset_dominance": _log_ratio(h["c_sink"], np.maximum(h["c_last"], h["c_rest"]))
+        - math.log(th.reset_dominance),
+        "slack_reset_alignment": th.reset_cos - h["cos_vL_high"],
+        "slack_mixer_between": np.minimum(_log_ratio(h["c_last"], lo), _log_ratio(hi, h["c_last"])),
+        "slack_mixer_sink_falls": -h["shift_v0"] - th.mixer_shift,
+        "slack_mixer_last_rises": h["shift_vL"] - th.mixer_shift,
+    }
+
+
+def _as_head_table(obj: Any, query_pos: int | None, th: RegimeThresholds) -> pd.DataFrame:
+    table = obj
+    if not isinstance(obj, pd.DataFrame):
+        table = getattr(obj, "regime_features", None)
+        if not isinstance(table, pd.DataFrame):
+            raise InputError(
+                f"classify_heads needs a features table or a result holding one; {type(obj).__name__} has no "
+                "`regime_features` DataFrame (run a TaxonomyObserver and pass observer.features())"
+            )
+    if "n" in table.columns:
+        return head_features(
+            table, query_pos=query_pos, n_small=th.n_small, large_frac=th.large_frac, stay_share=th.stay_share
+        )
+    missing = set(HEAD_FEATURE_COLUMNS) - set(table.columns)
+    if missing:
+        raise InputError(f"not a features or head-features table (missing columns {sorted(missing)})")
+    return _one_query(table, query_pos)[HEAD_FEATURE_COLUMNS]
+
+
+def classify_heads(obj: Any, *, query_pos: int | None = None, **thresholds: Any) -> pd.DataFrame:
+    """Label every (layer, head) Retriever, Reset, Mixer or Unclassified (SPEC §5).
+
+    Parameters
+    ----------
+    obj : DataFrame or result
+        A features table (:meth:`TaxonomyObserver.features`, one row per ``(layer, head,
+        query_pos, n)``), a head-features table (:func:`head_features`), or an object with a
+        ``regime_features`` DataFrame attribute (an :class:`~tl_geometry.AnalysisResult` that
+        ran the taxonomy observer).
+    query_pos : int, optional
+        Which query position to classify when the table holds several.
+    **thresholds
+        Any field of :class:`RegimeThresholds` (``retriever_dominance=1.0, retriever_cos=0.5,
+        reset_dominance=1.0, reset_cos=0.3, mixer_shift=0.1, n_small=4, large_frac=0.5,
+        stay_share=0.75``).
+
+    Returns
+    -------
+    DataFrame, one row per (layer, head): ``regime``, ``margin`` (>= 0, see the module
+    docstring), ``deciding`` (the condition that sets the margin), ``score_retriever``,
+    ``score_reset``, ``score_mixer`` (smallest slack of each regime; it holds iff >= 0), every
+    ``slack_*`` and every head feature (:data:`HEAD_FEATURE_COLUMNS`). ``attrs["thresholds"]``
+    records the thresholds used.
+
+    Examples
+    --------
+    >>> heads = classify_heads(observer.features())
+    >>> heads.groupby("layer").regime.value_counts(normalize=True)   # Figure 8
+    """
+    th = RegimeThresholds.of(**thresholds)
+    h = _as_head_table(obj, query_pos, th).reset_index(drop=True)
+    slacks = pd.DataFrame(_slacks(h, th))
+    names = list(slacks.columns)
+    scores = {}
+    argmins = {}
+    for regime in REGIMES:
+        cols = [f"slack_{regime.lower()}_{c}" for c in CONDITIONS[regime]]
+        block = slacks[cols].to_numpy()
+        scores[regime] = block.min(axis=1)
+        argmins[regime] = np.array(cols)[block.argmin(axis=1)]
+    score = np.stack([scores[r] for r in REGIMES], axis=1)  # [heads, 3]
+    holds = score >= 0
+    first = np.where(holds.any(axis=1), holds.argmax(axis=1), len(REGIMES))  # index of the label
+    checked = np.arange(len(REGIMES))[None, :] <= first[:, None]  # regimes looked at to decide
+    distance = np.where(checked, np.abs(score), np.inf)
+    tight = distance.argmin(axis=1)
+    label = np.array(ALL_LABELS)[first]
+    decider = np.stack([argmins[r] for r in REGIMES], axis=1)[np.arange(len(h)), tight]
+    out = pd.DataFrame(
+        {
+            "layer": h["layer"],
+            "head": h["head"],
+            "regime": pd.Categorical(label, categories=list(ALL_LABELS)),
+            "margin": distance.min(axis=1),
+            "deciding": decider,
+            "score_retriever": scores["Retriever"],
+            "score_reset": scores["Reset"],
+            "score_mixer": scores["Mixer"],
+        }
+    )
+    out = pd.concat([out, slacks[names], h.drop(columns=["layer", "head"])], axis=1)
+    out.attrs["thresholds"] = asdict(th)
+    return out

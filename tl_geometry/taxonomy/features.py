@@ -1,0 +1,177 @@
+"""Regime features of one attention row (SPEC §5; paper §4.2, Figures 7 and 10).
+
+For a row with weights ``alpha`` over keys ``0..L`` (``K = L + 1`` keys, ``L`` the query position)
+and values ``v``, with contributions ``y_i = alpha_i v_i``, top-N sets ``I_N`` (stable order,
+SPEC §2) and representatives ``s(N) = sum_{i in I_N} y_i``:
+
+* ``c_sink = ||y_0||``, ``c_last = ||y_L||``, ``c_rest = ||sum_{i not in {0, L}} y_i||``
+  (``c_rest = 0`` when ``K <= 2``: the sum is empty; with ``K = 1`` the sink is the last token);
+* ``cos_s_v0(N) = cos(s(N), v_0)``, ``cos_s_vL(N) = cos(s(N), v_L)``;
+* ``norm_s(N) = ||s(N)||``; ``norm_s_minus_sink(N) = ||s(N) - y_0||`` where ``0 in I_N`` and
+  NaN elsewhere; ``norm_s_minus_last(N) = ||s(N) - y_L||`` where ``L in I_N``, NaN elsewhere
+  (``sink_in`` / ``last_in`` say where they are defined);
+* ``rho_0 = mean_{j=1..L} cos(v_0, v_j)`` over the row's keys (SPEC §3; for the last query of a
+  window these are all its positions). NaN when ``K = 1``.
+
+A cosine with a zero vector counts as 0 (the direction is undefined; it is not NaN, so that
+sequence means stay finite).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import einops
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from .._typing import typechecked
+from ..selection import NsLike, resolve_ns, sort_by_weight
+from ..separability import check_row_inputs
+
+#: Per-row scalar features (one value per row).
+SCALAR_FEATURES = ("c_sink", "c_last", "c_rest", "rho_0")
+#: Per-row curves over the selection sizes ``N`` (one value per row and ``N``); the two
+#: leave-one-out norms are NaN where the removed key is not in ``I_N``.
+CURVE_FEATURES = ("cos_s_v0", "cos_s_vL", "norm_s", "norm_s_minus_sink", "norm_s_minus_last")
+
+
+@dataclass(frozen=True)
+class RegimeFeatures:
+    """SPEC §5 features of every row; ``*batch`` are the batch dimensions of the weights given.
+
+    Attributes
+    ----------
+    ns : [n] int64, the selection sizes ``N``.
+    c_sink, c_last, c_rest : [*batch], ``||y_0||``, ``||y_L||``, ``||sum_{i not in {0, L}} y_i||``.
+    rho_0 : [*batch], ``mean_{j>0} cos(v_0, v_j)`` over the row's keys (NaN when ``K = 1``).
+    cos_s_v0, cos_s_vL : [*batch, n], ``cos(s(N), v_0)`` and ``cos(s(N), v_L)``.
+    norm_s : [*batch, n], ``||s(N)||``.
+    norm_s_minus_sink : [*batch, n], ``||s(N) - y_0||`` where ``sink_in``, else NaN.
+    norm_s_minus_last : [*batch, n], ``||s(N) - y_L||`` where ``last_in``, else NaN.
+    sink_in, last_in : [*batch, n] bool, ``0 in I_N`` and ``L in I_N``.
+    """
+
+    ns: Int[Tensor, "n"]
+    c_sink: Float[Tensor, "*batch"]
+    c_last: Float[Tensor, "*batch"]
+    c_rest: Float[Tensor, "*batch"]
+    rho_0: Float[Tensor, "*batch"]
+    cos_s_v0: Float[Tensor, "*batch n"]
+    cos_s_vL: Float[Tensor, "*batch n"]
+    norm_s: Float[Tensor, "*batch n"]
+    norm_s_minus_sink: Float[Tensor, "*batch n"]
+    norm_s_minus_last: Float[Tensor, "*batch n"]
+    sink_in: Bool[Tensor, "*batch n"]
+    last_in: Bool[Tensor, "*batch n"]
+
+
+def cosine(a: Tensor, b: Tensor) -> Tensor:
+    """``<a, b> / (||a|| ||b||)`` along the last axis; 0 where either vector is zero."""
+    dot = (a * b).sum(dim=-1)
+    norms = torch.linalg.vector_norm(a, dim=-1) * torch.linalg.vector_norm(b, dim=-1)
+    return torch.where(norms > 0, dot / norms.clamp_min(torch.finfo(dot.dtype).tiny), torch.zeros_like(dot))
+
+
+@typechecked
+def sink_similarity(values: Float[Tensor, "*batch k d"]) -> Float[Tensor, "*batch"]:
+    """``rho_0 = mean_{j=1..K-1} cos(v_0, v_j)`` (SPEC §3) of each set of ``K`` value vectors.
+
+    Zero vectors count as cosine 0; NaN when ``K = 1`` (no ``j > 0``).
+    """
+    norms = torch.linalg.vector_norm(values, dim=-1, keepdim=True)
+    units = values / norms.clamp_min(torch.finfo(values.dtype).tiny)
+    cos = einops.einsum(units[..., :1, :], units[..., 1:, :], "... one d, ... j d -> ... one j")[..., 0, :]
+    if cos.shape[-1] == 0:
+        return torch.full(cos.shape[:-1], torch.nan, dtype=values.dtype, device=values.device)
+    return cos.mean(dim=-1)
+
+
+@typechecked
+def regime_features(
+    weights: Float[Tensor, "*batch k"],
+    values: Float[Tensor, "*batch k d"],
+    ns: NsLike = None,
+    *,
+    dtype: torch.dtype = torch.float64,
+) -> RegimeFeatures:
+    """The SPEC §5 regime features of every attention row, for every selection size ``N``.
+
+    Parameters
+    ----------
+    weights : Tensor of shape [*batch, K]
+        Attention weights of each row over its keys ``0..L`` (``L = K - 1`` is the query position:
+        key ``0`` is the sink, key ``L`` the last token). Non-negative and finite.
+    values : Tensor of shape [*batch, K, d]
+        Value vectors of the same keys, already mapped to the query head's key/value head.
+    ns : None, "all", "log", sequence of int or 1-D int tensor, default None
+        Selection sizes (see :func:`tl_geometry.selection.resolve_ns`); None is every ``N``.
+    dtype : torch.dtype, default torch.float64
+        Precision of the computation.
+
+    Returns
+    -------
+    RegimeFeatures
+        Per-row scalars ``[*batch]`` and per-row curves ``[*batch, len(ns)]``.
+
+    Examples
+    --------
+    >>> f = regime_features(torch.softmax(torch.randn(2, 9, 16), -1), torch.randn(2, 9, 16, 8), ns=[1, 4, 16])
+    >>> f.cos_s_vL.shape
+    torch.Size([2, 9, 3])
+    """
+    check_row_inputs(weights, values)
+    ns_t = resolve_ns(ns, weights.shape[-1], device=weights.device)
+    w, packing = einops.pack([weights.to(dtype)], "* k")
+    v, _ = einops.pack([values.to(dtype)], "* k d")
+    scalars, curves, masks = row_features(w, v, ns_t)
+    rho = sink_similarity(v)
+
+    def unpack(x: Tensor, pattern: str) -> Tensor:
+        return einops.unpack(x, packing, pattern)[0]
+
+    return RegimeFeatures(
+        ns=ns_t,
+        **{name: unpack(x, "*") for name, x in scalars.items()},
+        rho_0=unpack(rho, "*"),
+        **{name: unpack(x, "* n") for name, x in curves.items()},
+        **{name: unpack(x, "* n") for name, x in masks.items()},
+    )
+
+
+def row_features(
+    weights: Tensor, values: Tensor, ns: Tensor
+) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
+    """The engine on flat rows: weights [R, K], values [R, K, d], ns [G] (already checked).
+
+    Returns ``({c_sink, c_last, c_rest}: [R], {curve features}: [R, G], {sink_in, last_in}: [R, G])``.
+    ``rho_0`` is not computed here (the observer computes it once per key/value head).
+    """
+    n_keys = weights.shape[-1]
+    order, sorted_y = sort_by_weight(weights, values)  # y in selection order, [R, K, d]
+    centers = torch.cumsum(sorted_y, dim=-2)[:, ns - 1]  # s(N), [R, G, d]
+    rank_of_key = torch.argsort(order, dim=-1)  # rank_of_key[r, i] = position of key i in the order
+    sink_in = rank_of_key[:, :1] < ns[None, :]  # [R, G]
+    last_in = rank_of_key[:, -1:] < ns[None, :]
+    y = weights[..., None] * values  # [R, K, d] in key order
+    y_sink, y_last = y[:, 0], y[:, -1]
+    v_sink, v_last = values[:, :1], values[:, -1:]  # [R, 1, d], broadcast against [R, G, d]
+    nan = torch.tensor(torch.nan, dtype=values.dtype, device=values.device)
+    scalars = {
+        "c_sink": torch.linalg.vector_norm(y_sink, dim=-1),
+        "c_last": torch.linalg.vector_norm(y_last, dim=-1),
+        "c_rest": torch.linalg.vector_norm(y[:, 1 : max(n_keys - 1, 1)].sum(dim=1), dim=-1),
+    }
+    curves = {
+        "cos_s_v0": cosine(centers, v_sink),
+        "cos_s_vL": cosine(centers, v_last),
+        "norm_s": torch.linalg.vector_norm(centers, dim=-1),
+        "norm_s_minus_sink": torch.where(
+            sink_in, torch.linalg.vector_norm(centers - y_sink[:, None], dim=-1), nan
+        ),
+        "norm_s_minus_last": torch.where(
+            last_in, torch.linalg.vector_norm(centers - y_last[:, None], dim=-1), nan
+        ),
+    }
+    return scalars, curves, {"sink_in": sink_in, "last_in": last_in}
