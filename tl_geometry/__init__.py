@@ -9,7 +9,7 @@ Attention" under the definitions of SPEC.md. Start with::
     result.separability
 """
 
-from . import corpus, diagnostics
+from . import corpus, diagnostics, plot, taxonomy
 from .analysis import AnalysisResult, analyze, corpus_tokens, load_result
 from .bounds import Bounds, SimilarityModel, bounds, f_bound
 from .bounds_observer import BoundsObserver, envelopes, join_bounds
@@ -27,12 +27,42 @@ from .errors import InputError, ModelError, TLGeometryError
 from .regimes_of_n import PiecewiseProfile, regime_boundaries, regimes_of_n
 from .models import DEFAULT_MODEL, ModelInfo, describe_model, kv_head_index, load_model
 from .selection import log_spaced_ns
+from .taxonomy import (
+    ClassificationStability,
+    RegimeFeatures,
+    RegimeThresholds,
+    TaxonomyObserver,
+    classification_stability,
+    classify_heads,
+    head_features,
+    regime_feature_table,
+    regime_features,
+    regime_pr_curves,
+    regime_shares,
+    rho0_table,
+    sink_effect,
+)
 from .separability import PrecisionRecallAtRadius, Separability, precision_recall_at_radius, separability
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AnalysisResult",
+    "ClassificationStability",
+    "RegimeFeatures",
+    "RegimeThresholds",
+    "TaxonomyObserver",
+    "classification_stability",
+    "classify_heads",
+    "head_features",
+    "regime_feature_table",
+    "regime_features",
+    "regime_pr_curves",
+    "regime_shares",
+    "rho0_table",
+    "sink_effect",
+    "taxonomy",
+    "plot",
     "AttentionProfileFit",
     "DiagnosticsObserver",
     "DiagnosticsTables",

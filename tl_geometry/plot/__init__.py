@@ -1,0 +1,62 @@
+"""Plotly figures of the paper's measurements (Figures 2-8, 10, 11), from an AnalysisResult.
+
+Every function returns a ``plotly.graph_objects.Figure`` (it renders inline in a notebook; save
+it with ``fig.write_html``). What each needs:
+
+================================  ==========================================  =============
+function                          needs                                        paper figure
+================================  ==========================================  =============
+:func:`norms_by_position`         ``analyze(..., diagnostics=True)``           Fig. 2 left
+:func:`norm_cv_histogram`         ``analyze(..., diagnostics=True)``           Fig. 2 right
+:func:`mae_histogram`             ``analyze(..., diagnostics=True)``           Fig. 3
+:func:`similarity_curves`         ``analyze(..., diagnostics=True)``           Fig. 3 (data)
+:func:`attention_mass`            ``analyze(..., diagnostics=True)``           Fig. 4
+:func:`separability`              any ``analyze``                              Fig. 5
+:func:`envelopes`                 ``analyze(..., bounds=True)``                Fig. 5
+:func:`sink_correlation`          ``taxonomy=True`` or ``diagnostics=True``    Fig. 6
+:func:`regime_diagnostics`        ``taxonomy=True`` + ``classify_heads``       Fig. 7
+:func:`regimes_by_layer`          ``classify_heads`` (``taxonomy=True``)       Fig. 8
+:func:`contributions_scatter`     weights and values of one head               Fig. 10
+:func:`contributions_from_model`  a model and token windows                    Fig. 10
+:func:`regime_pr`                 ``taxonomy=True`` + ``classify_heads``       Fig. 11
+:func:`head_heatmap`              any per-head table                           —
+================================  ==========================================  =============
+
+A figure whose table is missing raises :class:`tl_geometry.InputError` saying which option of
+``analyze`` produces it. See ``docs/figures.md`` for how to read each figure.
+"""
+
+from .attention import attention_mass
+from .colors import METRIC_COLORS, REGIME_COLORS, REGIME_ORDER
+from .contributions import contribution_points, contributions_from_model, contributions_scatter
+from .heatmap import head_heatmap, head_values
+from .norms import norm_cv_histogram, norms_by_position
+from .regime_curves import example_heads, regime_diagnostics
+from .regime_summaries import regime_pr, regimes_by_layer
+from .selection import envelopes, separability
+from .similarity import mae_histogram, similarity_curves
+from .sink import sink_correlation
+
+#: In the paper's figure order (a report lists the figures in this order), then helpers and constants.
+__all__ = [
+    "norms_by_position",
+    "norm_cv_histogram",
+    "mae_histogram",
+    "similarity_curves",
+    "attention_mass",
+    "separability",
+    "envelopes",
+    "sink_correlation",
+    "regime_diagnostics",
+    "regimes_by_layer",
+    "contributions_scatter",
+    "contributions_from_model",
+    "regime_pr",
+    "head_heatmap",
+    "contribution_points",
+    "example_heads",
+    "head_values",
+    "METRIC_COLORS",
+    "REGIME_COLORS",
+    "REGIME_ORDER",
+]

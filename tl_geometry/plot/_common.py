@@ -1,0 +1,78 @@
+"""Shared helpers of the figure functions (not public): table look-up with clear errors, axes."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from ..errors import InputError
+
+#: How to obtain each optional table, for the error messages.
+DIAGNOSTICS = "run tlg.analyze(..., diagnostics=True)"
+BOUNDS = "run tlg.analyze(..., bounds=True)"
+TAXONOMY = (
+    "run tlg.analyze(..., taxonomy=True) (its result holds `regime_features`), or pass the features table of a "
+    "tl_geometry.taxonomy.TaxonomyObserver (observer.features())"
+)
+
+#: Axis titles used by several figures.
+N_AXIS = "selection size N (keys, log scale)"
+POSITION_AXIS = "key position i"
+
+
+def get_table(
+    obj: Any, name: str, how: str, figure: str, columns: Iterable[str] = ()
+) -> pd.DataFrame:
+    """``obj`` itself when it is a DataFrame, else ``obj.<name>``; checked for ``columns`` and rows.
+
+    Raises :class:`InputError` naming the figure, the missing table or columns, and ``how`` to
+    produce them.
+    """
+    table = obj if isinstance(obj, pd.DataFrame) else getattr(obj, name, None)
+    if not isinstance(table, pd.DataFrame):
+        raise InputError(f"{figure}() needs the `{name}` table, which {type(obj).__name__} does not hold: {how}")
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise InputError(f"{figure}() needs the columns {missing} of the `{name}` table, which lacks them: {how}")
+    if table.empty:
+        raise InputError(f"{figure}(): the `{name}` table has no rows (nothing was analysed)")
+    return table
+
+
+def select_query(table: pd.DataFrame, query_pos: int | None, figure: str) -> pd.DataFrame:
+    """Rows of ``query_pos`` (None: every row). Unknown positions are an :class:`InputError`."""
+    if query_pos is None or "query_pos" not in table.columns:
+        return table
+    out = table[table["query_pos"] == query_pos]
+    if out.empty:
+        held = sorted(table["query_pos"].unique().tolist())[:8]
+        raise InputError(f"{figure}(): query_pos={query_pos} is not in the table (it holds {held})")
+    return out
+
+
+def one_query(table: pd.DataFrame, query_pos: int | None, figure: str) -> pd.DataFrame:
+    """Like :func:`select_query`, but a table with several query positions needs ``query_pos``."""
+    if query_pos is None and "query_pos" in table.columns and table["query_pos"].nunique() > 1:
+        held = sorted(table["query_pos"].unique().tolist())[:8]
+        raise InputError(
+            f"{figure}(): the table holds query positions {held}; pass query_pos= one of them "
+            "(curves over N of rows with different K are not averaged together)"
+        )
+    return select_query(table, query_pos, figure)
+
+
+def as_array(x: Any) -> np.ndarray:
+    """A float64 numpy array (what the traces hold, so tests can compare exactly)."""
+    return np.asarray(x, dtype=np.float64)
+
+
+def base_layout(fig: go.Figure, title: str, x_title: str, y_title: str, *, log_x: bool = False,
+                log_y: bool = False) -> go.Figure:
+    """Title, axis titles and axis types of a single-panel figure."""
+    fig.update_layout(title=dict(text=title), template="plotly_white", legend=dict(title=None))
+    fig.update_xaxes(title_text=x_title, type="log" if log_x else "linear")
+    fig.update_yaxes(title_text=y_title, type="log" if log_y else "linear")
+    return fig
