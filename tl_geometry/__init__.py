@@ -9,7 +9,7 @@ Attention" under the definitions of SPEC.md. Start with::
     result.separability
 """
 
-from . import corpus, diagnostics, plot, taxonomy
+from . import corpus, diagnostics, plot, report, taxonomy, vis
 from .analysis import AnalysisResult, analyze, corpus_tokens, load_result
 from .bounds import Bounds, SimilarityModel, bounds, f_bound
 from .bounds_observer import BoundsObserver, envelopes, join_bounds
@@ -63,6 +63,8 @@ __all__ = [
     "sink_effect",
     "taxonomy",
     "plot",
+    "report",
+    "vis",
     "AttentionProfileFit",
     "DiagnosticsObserver",
     "DiagnosticsTables",

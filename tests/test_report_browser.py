@@ -1,0 +1,324 @@
+"""The report in a real browser: headless Chromium, no network, driven over the DevTools protocol.
+
+Builds a report from a tiny random LLaMA (``analyze(..., diagnostics=True, bounds=True)``, the
+figures of ``tl_geometry.plot`` when it exists plus a few drawn here, and a head grid), opens it
+from ``file://`` with the network switched off, and checks that
+
+* nothing was requested from the network (every request is ``file:`` or ``data:``),
+* no console error, exception or error log entry appeared,
+* every plotly figure rendered (a ``.main-svg`` in each ``.plotly-graph-div``),
+* the circuitsvis head grid mounted (its ``div`` has children) and shows the head names,
+
+then saves a screenshot to ``test-artifacts/report.png`` (printed; ``pytest -s`` shows it).
+
+Needs Chromium (Debian: ``apt-get install -y --no-install-recommends chromium``); set
+``TLG_CHROMIUM`` to use another binary. Without it the test FAILS (it is not skipped). The
+DevTools client is ~80 lines of stdlib over ``--remote-debugging-pipe``: no test dependency.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import json
+import os
+import queue
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+import tl_geometry as tlg
+from tl_geometry.report import build_report, default_figures
+from tl_geometry.vis import head_grid
+
+REPO = Path(__file__).resolve().parent.parent
+ARTIFACTS = REPO / "test-artifacts"
+INSTALL_HINT = "apt-get update && apt-get install -y --no-install-recommends chromium"
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--disable-extensions", "--disable-default-apps", "--mute-audio", "--hide-scrollbars",
+    "--no-default-browser-check", "--disable-dev-shm-usage",
+    # belt and braces on top of the emulated offline mode: no name resolves, no proxy answers
+    "--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=http://127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
+    "--window-size=1280,1600", "--remote-debugging-pipe",
+]  # fmt: skip
+TIMEOUT_S = float(os.environ.get("TLG_BROWSER_TIMEOUT", "120"))
+
+
+def find_chromium() -> str | None:
+    env = os.environ.get("TLG_CHROMIUM")
+    if env:
+        return env if Path(env).exists() or shutil.which(env) else None
+    for name in CHROMIUM_NAMES:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+class DevTools:
+    """A minimal Chrome DevTools Protocol client over ``--remote-debugging-pipe``.
+
+    Chromium reads NUL-terminated JSON messages on fd 3 and writes them on fd 4.
+    """
+
+    def __init__(self, binary: str, user_data_dir: str) -> None:
+        to_child_r, self._to_child = os.pipe()
+        self._from_child, from_child_w = os.pipe()
+
+        def place_fds() -> None:  # in the child: the pipe ends become fds 3 and 4
+            a = fcntl.fcntl(to_child_r, fcntl.F_DUPFD, 10)
+            b = fcntl.fcntl(from_child_w, fcntl.F_DUPFD, 10)
+            os.dup2(a, 3)  # dup2 leaves the copies inheritable
+            os.dup2(b, 4)
+            os.close(a)
+            os.close(b)
+
+        self.stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [binary, *CHROMIUM_FLAGS, f"--user-data-dir={user_data_dir}", "about:blank"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.stderr,
+            # close_fds=False keeps fds 3 and 4 placed by place_fds (Python's own fds are not inheritable)
+            preexec_fn=place_fds, close_fds=False,
+        )  # fmt: skip
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self._next_id = 0
+        self._replies: dict[int, dict] = {}
+        self.events: queue.Queue[dict] = queue.Queue()
+        self._lock = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        buf = b""
+        while True:
+            try:
+                chunk = os.read(self._from_child, 1 << 16)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                with self._lock:
+                    self._closed = True
+                    self._lock.notify_all()
+                return
+            buf += chunk
+            while b"\0" in buf:
+                raw, buf = buf.split(b"\0", 1)
+                msg = json.loads(raw)
+                if "id" in msg:
+                    with self._lock:
+                        self._replies[msg["id"]] = msg
+                        self._lock.notify_all()
+                else:
+                    self.events.put(msg)
+
+    _closed = False
+
+    def send(self, method: str, params: dict | None = None, session: str | None = None, timeout: float = 60) -> dict:
+        self._next_id += 1
+        msg: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        os.write(self._to_child, json.dumps(msg).encode() + b"\0")
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._next_id not in self._replies:
+                left = deadline - time.monotonic()
+                if self._closed or left <= 0:
+                    why = "it exited" if self._closed else "timeout"
+                    raise RuntimeError(f"no reply to {method} from chromium ({why}); its stderr:\n"
+                                       f"{self.stderr_text()[-3000:]}")  # fmt: skip
+                self._lock.wait(left)
+            reply = self._replies.pop(self._next_id)
+        if "error" in reply:
+            raise RuntimeError(f"{method} failed: {reply['error']}")
+        return reply.get("result", {})
+
+    def drain(self) -> list[dict]:
+        out = []
+        while True:
+            try:
+                out.append(self.events.get_nowait())
+            except queue.Empty:
+                return out
+
+    def stderr_text(self) -> str:
+        self.stderr.seek(0)
+        return self.stderr.read().decode(errors="replace")
+
+    def close(self) -> None:
+        try:
+            self.send("Browser.close", timeout=10)
+        except Exception:  # noqa: BLE001 - fall through to terminate
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for fd in (self._to_child, self._from_child):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.stderr.close()
+
+
+STATE_JS = """(() => {
+  const figs = [...document.querySelectorAll('.tlg-figure .plotly-graph-div')];
+  const grid = document.querySelector('.tlg-head-grid [id^="circuits-vis-"]');
+  return {
+    figures: figs.map(d => ({id: d.id, svg: d.querySelectorAll('.main-svg').length})),
+    gridFound: !!grid,
+    // elements React rendered into the mount point (circuitsvis' own <script> may sit inside it)
+    gridChildren: grid ? [...grid.children].filter(c => c.tagName !== 'SCRIPT').length : 0,
+    gridCanvases: grid ? grid.querySelectorAll('canvas').length : 0,
+    gridText: grid ? grid.innerText.slice(0, 4000) : '',
+    height: Math.ceil(document.documentElement.scrollHeight),
+    plotly: typeof window.Plotly,
+  };
+})()"""
+
+
+def problems_in(events: list[dict]) -> tuple[list[str], list[str]]:
+    """Console errors / exceptions / error log entries, and network requests that are not local."""
+    errors, remote = [], []
+    for ev in events:
+        method, p = ev.get("method"), ev.get("params", {})
+        if method == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
+            args = " ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", []))
+            errors.append(f"console.{p['type']}: {args}")
+        elif method == "Runtime.exceptionThrown":
+            d = p.get("exceptionDetails", {})
+            errors.append(f"exception: {d.get('text')} {d.get('exception', {}).get('description', '')}".strip())
+        elif method == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
+            e = p["entry"]
+            errors.append(f"log ({e.get('source')}): {e.get('text')} {e.get('url', '')}".strip())
+        elif method == "Network.requestWillBeSent":
+            url = p.get("request", {}).get("url", "")
+            if not url.startswith(("file:", "data:", "blob:", "about:")):
+                remote.append(url)
+        elif method == "Network.loadingFailed" and not p.get("canceled"):
+            errors.append(f"loading failed: {p.get('errorText')} ({p.get('type')})")
+    return errors, remote
+
+
+def open_report(binary: str, page: Path, screenshot: Path) -> dict:
+    """Load ``page`` offline, wait until it has rendered, screenshot it; the final state and events."""
+    with tempfile.TemporaryDirectory(prefix="tlg-chromium-") as profile:
+        cdp = DevTools(binary, profile)
+        try:
+            targets = cdp.send("Target.getTargets")["targetInfos"]
+            pages = [t for t in targets if t["type"] == "page"]
+            if pages:
+                target = pages[0]["targetId"]
+            else:
+                target = cdp.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+            session = cdp.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+            for domain in ("Runtime", "Log", "Network", "Page"):
+                cdp.send(f"{domain}.enable", session=session)
+            cdp.send("Network.emulateNetworkConditions",
+                     {"offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1},
+                     session=session)  # fmt: skip
+            viewport = {"width": 1280, "height": 1600, "deviceScaleFactor": 1, "mobile": False}
+            cdp.send("Emulation.setDeviceMetricsOverride", viewport, session=session)
+            events: list[dict] = []
+            cdp.send("Page.navigate", {"url": page.resolve().as_uri()}, session=session)
+            deadline = time.monotonic() + TIMEOUT_S
+            loaded = False
+            state: dict = {}
+            while time.monotonic() < deadline:
+                events += cdp.drain()
+                loaded = loaded or any(e.get("method") == "Page.loadEventFired" for e in events)
+                if loaded:
+                    state = cdp.send("Runtime.evaluate", {"expression": STATE_JS, "returnByValue": True},
+                                     session=session)["result"]["value"]  # fmt: skip
+                    if all(f["svg"] > 0 for f in state["figures"]) and state["gridCanvases"] > 0:
+                        break
+                time.sleep(0.25)
+            time.sleep(1.0)  # let late errors (React effects, resize handlers) surface
+            events += cdp.drain()
+            state = cdp.send("Runtime.evaluate", {"expression": STATE_JS, "returnByValue": True},
+                             session=session)["result"]["value"]  # fmt: skip
+            height = max(1600, min(int(state["height"]), 16000))
+            cdp.send("Emulation.setDeviceMetricsOverride", {**viewport, "height": height}, session=session)
+            time.sleep(0.5)
+            shot = cdp.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": False},
+                            session=session, timeout=120)  # fmt: skip
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            screenshot.write_bytes(base64.b64decode(shot["data"]))
+            events += cdp.drain()
+            return {"loaded": loaded, "state": state, "events": events}
+        finally:
+            cdp.close()
+
+
+@pytest.mark.slow
+def test_report_renders_offline_in_chromium(llama_bridge, tmp_path) -> None:
+    binary = find_chromium()
+    assert binary, (
+        f"Chromium is needed for this test and was not found (looked for {', '.join(CHROMIUM_NAMES)} and "
+        f"$TLG_CHROMIUM). Install it: {INSTALL_HINT}"
+    )
+    corpus = tlg.corpus.from_texts(["The quick brown fox jumps over the lazy dog. " * 8], n_seqs=2, seq_len=32)
+    result = tlg.analyze(llama_bridge, corpus, diagnostics=True, bounds=True, progress=False)
+    info = result.model
+    regimes = ["Retriever", "Reset", "Mixer", "Unclassified"]
+    heads = pd.DataFrame({
+        "layer": [layer for layer in range(info.n_layers) for _ in range(info.n_heads)],
+        "head": [head for _ in range(info.n_layers) for head in range(info.n_heads)],
+        "regime": pd.Categorical([regimes[i % 4] for i in range(info.n_layers * info.n_heads)], categories=regimes),
+    })  # fmt: skip
+    by_n, env = result.mean_by_n(), result.envelopes()
+    ours = [
+        ("Precision and recall by N", "means over windows, layers and heads",
+         go.Figure([go.Scatter(x=by_n.n, y=by_n.precision, name="precision"),
+                    go.Scatter(x=by_n.n, y=by_n.recall, name="recall")])),
+        ("Precision envelope", "mean lower / upper envelope",
+         go.Figure([go.Scatter(x=env.n, y=env[c], name=c)
+                    for c in ("precision_lower", "precision", "precision_upper")]),
+         "envelopes"),
+        ("Value-norm sink ratio", "per (layer, kv_head)",
+         go.Figure(go.Heatmap(z=result.value_norms.pivot(index="layer", columns="kv_head",
+                                                           values="sink_ratio").to_numpy())),
+         "diagnostics"),
+    ]  # fmt: skip
+    figures = [f for f in default_figures(result, heads=heads) if f.available] + ours
+    grid = head_grid(llama_bridge, "def add(a, b):\n    return a + b  # </script>", heads)
+    page = build_report(result, tmp_path / "report", figures=figures, head_grid_html=grid.fragment(), heads=heads)
+    screenshot = ARTIFACTS / "report.png"
+
+    t0 = time.perf_counter()
+    out = open_report(binary, page, screenshot)
+    print(f"\nreport: {page} ({page.stat().st_size / 1e6:.1f} MB), rendered in chromium in "
+          f"{time.perf_counter() - t0:.1f} s\nscreenshot: {screenshot}")  # fmt: skip
+
+    state, events = out["state"], out["events"]
+    errors, remote = problems_in(events)
+    assert out["loaded"], "the page never fired its load event"
+    assert remote == [], f"the page asked the network for {remote}"
+    assert errors == [], "console errors:\n" + "\n".join(errors)
+    assert state["plotly"] == "object"
+    assert len(state["figures"]) == len(figures) >= 3
+    assert [f["id"] for f in state["figures"] if f["svg"] == 0] == [], "plotly figures that did not render"
+    assert state["gridFound"], "no circuitsvis mount point in the head grid"
+    assert state["gridChildren"] > 0, "the circuitsvis head grid did not mount"
+    assert state["gridCanvases"] > len(grid.names), "the head grid drew no attention pattern"  # thumbnails + zoom
+    shown = [state["gridText"].find(name) for name in grid.names]  # "L0H0 · Retriever", ... sorted by regime
+    assert -1 not in shown and shown == sorted(shown), state["gridText"][:500]
+    assert screenshot.stat().st_size > 10_000

@@ -1,0 +1,229 @@
+"""The text and tables of a report: the header (model, corpus, parameters, timings, versions) and
+one summary per analysis, each with what is missing and how to get it."""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import asdict, dataclass, field, is_dataclass
+from importlib import metadata
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import InputError
+
+#: Packages whose versions the header lists.
+VERSION_PACKAGES = ("tl-geometry", "transformer-lens", "torch", "transformers", "pandas", "plotly", "circuitsvis")
+
+_METRICS = ["precision", "recall", "f_at_rmax", "f_at_rmin"]
+
+
+@dataclass
+class Summary:
+    """What a section shows besides its figures."""
+
+    available: bool
+    heading_extra: str = ""  # e.g. "κ = 0.5"
+    lead: str = ""  # one paragraph (HTML-escaped by the page)
+    tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
+    note: str | None = None  # "not available: ..." when not available
+
+
+def installed_versions() -> dict[str, str | None]:
+    """Versions of :data:`VERSION_PACKAGES` installed now, and Python's."""
+    out: dict[str, str | None] = {}
+    for name in VERSION_PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    out["python"] = platform.python_version()
+    return out
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(v, (int, np.integer)) for v in value) and len(value) > 2:
+            ints = [int(v) for v in value]
+            if ints == list(range(ints[0], ints[-1] + 1)):
+                return f"{ints[0]}–{ints[-1]} ({len(ints)})"
+        if len(value) > 12:
+            head = ", ".join(_fmt(v) for v in value[:6])
+            return f"[{head}, … {_fmt(value[-1])}] ({len(value)} values)"
+        return "[" + ", ".join(_fmt(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_fmt(v)}" for k, v in value.items())
+    return str(value)
+
+
+def header_rows(result: Any, run_info: dict | None) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The header as groups of ``(label, value)`` rows: model, corpus, parameters, timings, versions."""
+    m = result.model
+    info = asdict(m) if is_dataclass(m) else dict(getattr(m, "__dict__", {}))
+    model_rows = [
+        ("name", _fmt(info.get("name"))),
+        ("kind", _fmt(info.get("kind"))),
+        ("layers × heads",
+         f"{info.get('n_layers')} × {info.get('n_heads')} ({info.get('n_kv_heads')} key/value heads)"),
+        ("d_head", _fmt(info.get("d_head"))),
+        ("context", _fmt(info.get("n_ctx"))),
+        ("BOS token", _fmt(info.get("bos_token_id"))),
+        ("values include b_V", _fmt(info.get("values_include_value_bias"))),
+    ]
+    config = dict(result.config or {})
+    corpus_rows = [
+        ("corpus", _fmt(config.pop("corpus", None))),
+        ("windows", f"{config.pop('n_seqs', '?')} × {config.pop('seq_len', '?')} tokens"),
+    ]
+    param_rows = [(str(k), _fmt(v)) for k, v in config.items()]
+    timings = dict((run_info or {}).get("timings") or {})
+    timings.update(result.timings or {})
+    time_rows = [(k, f"{v:.2f} s" if isinstance(v, (int, float)) else _fmt(v)) for k, v in timings.items()]
+    if run_info and run_info.get("versions"):
+        versions = dict(run_info["versions"])
+        if run_info.get("python"):
+            versions.setdefault("python", run_info["python"])
+        version_label = "versions (recorded by the run)"
+    else:
+        versions = installed_versions()
+        version_label = "versions (installed when the report was built)"
+    version_rows = [(k, _fmt(v)) for k, v in versions.items()]
+    return [
+        ("model", model_rows),
+        ("corpus", corpus_rows),
+        ("parameters", param_rows),
+        ("timings", time_rows or [("—", "not recorded")]),
+        (version_label, version_rows),
+    ]
+
+
+def _thin_ns(table: pd.DataFrame, limit: int = 24) -> pd.DataFrame:
+    """At most about ``limit`` rows of a per-N table: N <= 4, powers of two, and the largest N."""
+    if len(table) <= limit or "n" not in table:
+        return table
+    n = table["n"].astype(int)
+    keep = (n <= 4) | ((n & (n - 1)) == 0) | (n == n.max())
+    return table[keep]
+
+
+def separability_summary(result: Any) -> Summary:
+    sep = result.separability
+    if sep is None or len(sep) == 0:
+        return Summary(False, note="not available: the result holds no separability rows (run tlg.analyze first)")
+    by_n = _thin_ns(result.mean_by_n()[["n", *_METRICS]])
+    lead = (
+        f"{len(sep):,} rows: {sep['seq'].nunique()} windows × {sep['layer'].nunique()} layers × "
+        f"{sep['head'].nunique()} heads × {sep['query_pos'].nunique()} query positions × "
+        f"{sep['n'].nunique()} selection sizes N. Means over every window, layer, head and query position."
+    )
+    shown = "" if len(by_n) == result.mean_by_n().shape[0] else " (N ≤ 4, powers of two and the largest N)"
+    return Summary(True, lead=lead, tables=[(f"Mean precision, recall and F by N{shown}", by_n)])
+
+
+def envelope_summary(result: Any) -> Summary:
+    if "precision_lower" not in result.separability:
+        return Summary(False, note="not available: run with bounds (tlg.analyze(..., bounds=True))")
+    bounds_cfg = (result.config or {}).get("bounds") or {}
+    kappa = bounds_cfg.get("kappa")
+    try:
+        table = result.envelopes()
+    except InputError as exc:
+        return Summary(False, note=f"not available: {exc}")
+    cols = [c for c in ("n", "rows", "precision", "precision_lower", "precision_upper", "precision_inside",
+                        "recall", "recall_lower", "recall_upper", "recall_inside") if c in table]  # fmt: skip
+    extra = f"κ = {_fmt(kappa)}" + (f", ρ {bounds_cfg['rho']}" if bounds_cfg.get("rho") else "")
+    lead = (
+        f"Theorems 1–2 and Corollary 1 (SPEC §4) with κ = {_fmt(kappa)} (the paper's unnamed concentration "
+        "constant). Per N: mean measured value, mean lower / upper envelope, and the share of rows "
+        "inside their envelope."
+    )
+    tables = [(f"Envelopes by N, κ = {_fmt(kappa)}", _thin_ns(table[cols]))]
+    return Summary(True, heading_extra=extra, lead=lead, tables=tables)
+
+
+def _stats(frame: pd.DataFrame, columns: list[str], over: str) -> pd.DataFrame:
+    rows = []
+    for c in columns:
+        if c not in frame:
+            continue
+        x = pd.to_numeric(frame[c], errors="coerce")
+        finite = x[np.isfinite(x)]
+        rows.append({
+            "statistic": c, "over": over, "count": int(finite.size),
+            "median": float(finite.median()) if finite.size else np.nan,
+            "min": float(finite.min()) if finite.size else np.nan,
+            "max": float(finite.max()) if finite.size else np.nan,
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def diagnostics_summary(result: Any) -> Summary:
+    parts = [
+        (getattr(result, "value_norms", None), ["sink_ratio", "norm_cv", "sink_ratio_of_mean"], "(layer, kv_head)"),
+        (getattr(result, "similarity", None), ["beta", "mae", "share_negative", "rho_0"], "(layer, kv_head)"),
+        (getattr(result, "attention_profile", None), ["p_sink", "p_base", "fit_error"], "(layer, head)"),
+    ]
+    frames = [_stats(t, cols, over) for t, cols, over in parts if isinstance(t, pd.DataFrame)]
+    if not frames:
+        return Summary(False, note="not available: run with diagnostics (tlg.analyze(..., diagnostics=True))")
+    lead = (
+        "The paper's three assumptions (SPEC §3): compressed sink value norm (sink_ratio ≪ 1), "
+        "exponential decay of value cosines with lag (beta, mae), and the attention-weight profile "
+        "(sink, plateau, oscillation, recency)."
+    )
+    profile = getattr(result, "attention_profile", None)
+    if isinstance(profile, pd.DataFrame) and "fit_ok" in profile and len(profile):
+        lead += f" The profile law fits {int(profile['fit_ok'].sum())} of {len(profile)} heads (fit_ok)."
+    k_max = ((result.config or {}).get("diagnostics") or {}).get("k_max")
+    extra = f"k_max = {k_max}" if k_max is not None else ""
+    return Summary(True, heading_extra=extra, lead=lead,
+                   tables=[("Summary over layers and heads", pd.concat(frames, ignore_index=True))])  # fmt: skip
+
+
+def heads_table(result: Any) -> tuple[pd.DataFrame | None, str | None]:
+    """``classify_heads(result)`` and None, or None and why it is not available."""
+    try:
+        from ..taxonomy import classify_heads
+    except ImportError as exc:  # pragma: no cover - the taxonomy is part of the package
+        return None, f"not available: tl_geometry.taxonomy cannot be imported ({exc})"
+    queries = (getattr(result, "config", None) or {}).get("query_positions") or [None]
+    try:  # the last analysed query position, as the taxonomy observer's largest one
+        return classify_heads(result, query_pos=queries[-1]), None
+    except InputError as exc:
+        return None, f"not available: run with the head taxonomy (tlg.analyze(..., taxonomy=True)): {exc}"
+
+
+def taxonomy_summary(heads: pd.DataFrame | None, why: str | None) -> Summary:
+    if heads is None or len(heads) == 0 or "regime" not in heads:
+        return Summary(False, note=why or "not available: run with the head taxonomy")
+    regimes = heads["regime"]
+    order = list(regimes.cat.categories) if isinstance(regimes.dtype, pd.CategoricalDtype) else sorted(regimes.unique())
+    counts = pd.crosstab(heads["layer"], heads["regime"].astype(str))
+    counts = counts.reindex(columns=[str(o) for o in order], fill_value=0)
+    counts.loc["all"] = counts.sum()
+    counts.columns.name = None
+    counts = counts.reset_index().rename(columns={"index": "layer"})
+    total = regimes.astype(str).value_counts().reindex([str(o) for o in order], fill_value=0)
+    lead = (
+        f"{len(heads)} heads: " + ", ".join(f"{k} {v}" for k, v in total.items()) +
+        ". Labels of SPEC §5 (Retriever, Reset, Mixer; Unclassified when none holds)."
+    )  # fmt: skip
+    thresholds = heads.attrs.get("thresholds")
+    tables = [("Heads per regime and layer", counts)]
+    if thresholds:
+        tables.append(("Thresholds", pd.DataFrame({"threshold": list(thresholds), "value": list(thresholds.values())})))
+    return Summary(True, lead=lead, tables=tables)
+
+
+def read_run_info(text: str) -> dict | None:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None

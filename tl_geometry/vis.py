@@ -1,0 +1,477 @@
+"""Attention patterns of a chosen text as a circuitsvis head grid, named and ordered by regime.
+
+::
+
+    import tl_geometry as tlg
+    from tl_geometry.taxonomy import classify_heads
+    from tl_geometry.vis import head_grid, head_grid_html
+
+    heads = classify_heads(result)                          # regime per (layer, head), optional
+    head_grid(model, "def f(x):\\n    return x", heads)      # renders inline in a notebook
+    head_grid(model, tokens, heads, regimes=["Retriever"])  # only the Retrievers
+    html = head_grid_html(model, text, heads)               # self-contained fragment (no CDN)
+
+The model runs once, with hooks only on the ``hook_pattern`` of the layers holding a chosen head,
+and stops after the last of them. Heads are named ``L{layer}H{head} · {regime}`` (``L{layer}H{head}``
+without a heads table).
+
+circuitsvis gives two HTML versions of a figure: ``local_src`` inlines its JavaScript bundle,
+``cdn_src`` (what ``str()`` gives, and what a notebook shows when it can reach google.com) loads it
+from unpkg.com. :func:`head_grid_html` and :meth:`HeadGrid.fragment` only ever use ``local_src``.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from circuitsvis.attention import attention_heads
+from circuitsvis.utils.render import RenderedHTML
+from torch import Tensor
+
+from .errors import InputError, ModelError
+from .models import describe_model, hook_pattern_name
+
+#: Order of the regimes in a grid sorted by regime when the heads table's ``regime`` column is not
+#: an ordered categorical (``classify_heads`` gives one, and its order is used).
+REGIME_ORDER = ("Retriever", "Reset", "Mixer", "Unclassified")
+
+#: Largest number of heads drawn by default. The page carries ``heads x tokens^2`` numbers and the
+#: browser draws as many cells: 32 heads x 64 tokens take about 10 s to appear in a software-rendered
+#: headless Chromium on 2 CPU cores (48 x 128: about 45 s).
+DEFAULT_MAX_HEADS = 32
+#: Longest text drawn by default; longer inputs are cut to their first ``max_tokens`` tokens.
+DEFAULT_MAX_TOKENS = 128
+
+_SEPARATOR = " · "
+_SELF_CLOSED_DIV = re.compile(r'(<div id="circuits-vis-[0-9a-f-]+"[^>]*?)\s*/>')
+
+
+class HeadGrid(RenderedHTML):
+    """A circuitsvis ``attention_heads`` figure, with what was drawn.
+
+    Renders inline in a notebook like any circuitsvis object. ``local_src`` holds the HTML with
+    circuitsvis' JavaScript inlined; :meth:`fragment` wraps it for a page.
+
+    Attributes
+    ----------
+    heads : DataFrame
+        The heads drawn, in grid order: ``layer``, ``head``, ``regime`` (None without a heads
+        table), ``name``.
+    tokens : list of str
+        The tokens of the text, as displayed.
+    token_ids : list of int
+    """
+
+    def __init__(self, local_src: str, cdn_src: str, heads: pd.DataFrame, tokens: list[str], token_ids: list[int]):
+        super().__init__(local_src, cdn_src)
+        self.heads = heads
+        self.tokens = tokens
+        self.token_ids = token_ids
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.heads["name"])
+
+    def fragment(self) -> str:
+        """A self-contained HTML fragment (circuitsvis' script inlined, nothing fetched)."""
+        return _wrap_fragment(self.local_src, self.heads, len(self.tokens))
+
+    def __repr__(self) -> str:
+        return f"HeadGrid(heads={len(self.heads)}, tokens={len(self.tokens)})"
+
+
+@dataclass(frozen=True)
+class _Choice:
+    layer: int
+    head: int
+    regime: str | None
+
+
+def head_grid(
+    model: Any,
+    text_or_tokens: str | Sequence[int] | Tensor,
+    heads: pd.DataFrame | Iterable[tuple[int, int]] | None = None,
+    *,
+    layers: Sequence[int] | None = None,
+    regimes: str | Sequence[str] | None = None,
+    sort_by_regime: bool = True,
+    max_heads: int | None = DEFAULT_MAX_HEADS,
+    max_tokens: int | None = DEFAULT_MAX_TOKENS,
+    decimals: int = 4,
+) -> HeadGrid:
+    """Attention patterns of every chosen head on one text, as a circuitsvis ``attention_heads`` grid.
+
+    Parameters
+    ----------
+    model : TransformerBridge or HookedTransformer
+    text_or_tokens : str, list of int, or int tensor [pos] / [1, pos]
+        A text is tokenised with the model's tokenizer (no special tokens) and, as
+        :func:`tl_geometry.analyze` does, the model's BOS token is put first when it has one.
+        Token ids are used as they are.
+    heads : DataFrame, list of (layer, head), or None
+        ``None``: every head of the chosen layers, named ``L{l}H{h}``. A heads table with columns
+        ``layer, head, regime`` (:func:`tl_geometry.taxonomy.classify_heads`): its heads, named
+        ``L{l}H{h} · regime``. A list of ``(layer, head)`` pairs: those heads.
+    layers : list of int, optional
+        Keep only heads of these layers.
+    regimes : str or list of str, optional
+        Keep only heads of these regimes (needs a heads table).
+    sort_by_regime : bool, default True
+        Order the grid by regime (the table's categorical order, else Retriever, Reset, Mixer,
+        Unclassified), then layer and head. False: by layer and head.
+    max_heads : int or None, default 32
+        At most this many heads (None: no limit). When more are chosen, each regime keeps a share
+        (taken in turn, regime by regime), within a regime the largest ``margin`` first when the
+        table has one, else the lowest (layer, head); a warning says how many were left out.
+    max_tokens : int or None, default 128
+        Longer inputs are cut to their first ``max_tokens`` tokens (with a warning): the page
+        carries ``heads x tokens^2`` numbers.
+    decimals : int, default 4
+        Attention weights are rounded to this many decimals in the page.
+
+    Returns
+    -------
+    HeadGrid
+        A circuitsvis ``RenderedHTML`` (shown inline by Jupyter) with ``.heads``, ``.tokens`` and
+        :meth:`HeadGrid.fragment`.
+    """
+    info = describe_model(model)
+    ids = _token_ids(model, text_or_tokens, info.bos_token_id, info.n_ctx)
+    if max_tokens is not None:
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise InputError(f"max_tokens must be a positive integer or None, got {max_tokens!r}")
+        if len(ids) > max_tokens:
+            warnings.warn(
+                f"the text has {len(ids)} tokens; the head grid shows its first {max_tokens} "
+                "(pass max_tokens= to show more)",
+                UserWarning,
+                stacklevel=2,
+            )
+            ids = ids[:max_tokens]
+    chosen = _choose_heads(heads, info.n_layers, info.n_heads, layers, regimes, sort_by_regime, max_heads)
+    patterns = _patterns(model, ids, chosen)
+    names = [_name(c) for c in chosen]
+    tokens = _str_tokens(model, ids)
+    attention = np.round(patterns.to(torch.float64).numpy(), decimals)
+    rendered = attention_heads(
+        attention=attention.tolist(),
+        tokens=tokens,
+        attention_head_names=names,
+        max_value=1.0,
+        min_value=0.0,
+        mask_upper_tri=True,
+    )
+    table = pd.DataFrame(
+        {
+            "layer": [c.layer for c in chosen],
+            "head": [c.head for c in chosen],
+            "regime": [c.regime for c in chosen],
+            "name": names,
+        }
+    )
+    local_src = _make_safe(rendered.local_src, tokens, names)
+    cdn_src = _make_safe(rendered.cdn_src, tokens, names)
+    return HeadGrid(local_src, cdn_src, table, tokens, ids)
+
+
+def head_grid_html(
+    model: Any,
+    text_or_tokens: str | Sequence[int] | Tensor,
+    heads: pd.DataFrame | Iterable[tuple[int, int]] | None = None,
+    **kwargs: Any,
+) -> str:
+    """:func:`head_grid` as a self-contained HTML fragment (circuitsvis' script inlined, no CDN).
+
+    Takes the same arguments as :func:`head_grid`. The fragment is a ``<div class="tlg-head-grid">``
+    holding circuitsvis' mount point and an inline ``<script type="module">``; it can be written
+    to a file (``tl-geometry run`` keeps it as ``head_grid.html``) and given to
+    :func:`tl_geometry.report.build_report`.
+    """
+    return head_grid(model, text_or_tokens, heads, **kwargs).fragment()
+
+
+# --------------------------------------------------------------------------------------------
+# tokens
+
+
+def _token_ids(model: Any, text_or_tokens: Any, bos: int | None, n_ctx: int) -> list[int]:
+    if isinstance(text_or_tokens, str):
+        tokenizer = getattr(model, "tokenizer", None)
+        if tokenizer is None:
+            raise InputError("the model has no tokenizer: pass token ids instead of text")
+        if not text_or_tokens.strip():
+            raise InputError("the text is empty: give a text to draw the attention patterns of")
+        ids = list(tokenizer(text_or_tokens, add_special_tokens=False)["input_ids"])
+        if bos is not None:
+            ids = [int(bos)] + ids
+    else:
+        if isinstance(text_or_tokens, Tensor):
+            t = text_or_tokens.detach().cpu()
+            if t.ndim == 2 and t.shape[0] == 1:
+                t = t[0]
+            if t.ndim != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
+                raise InputError(
+                    f"token ids must be an integer tensor [pos] or [1, pos], got {t.dtype} of shape {tuple(t.shape)}"
+                )
+            ids = [int(i) for i in t.tolist()]
+        else:
+            try:
+                ids = [int(i) for i in text_or_tokens]
+            except (TypeError, ValueError):
+                raise InputError(
+                    f"text_or_tokens must be a str, a list of token ids or an int tensor, got "
+                    f"{type(text_or_tokens).__name__}"
+                ) from None
+        vocab = int(getattr(model.cfg, "d_vocab", 0) or 0)
+        bad = [i for i in ids if i < 0 or (vocab and i >= vocab)]
+        if bad:
+            raise InputError(f"token ids {bad[:5]} are outside the model's vocabulary of {vocab}")
+    if not ids:
+        raise InputError("no tokens to draw: give a non-empty text or list of token ids")
+    if len(ids) > n_ctx:
+        warnings.warn(
+            f"the text has {len(ids)} tokens, more than the model's context of {n_ctx}: the head grid uses the "
+            f"first {n_ctx}",
+            UserWarning,
+            stacklevel=3,
+        )
+        ids = ids[:n_ctx]
+    return ids
+
+
+def _str_tokens(model: Any, ids: list[int]) -> list[str]:
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        return [str(i) for i in ids]
+    out = []
+    for i in ids:
+        try:
+            out.append(tokenizer.decode([i]))
+        except Exception:  # noqa: BLE001 - a tokenizer that cannot decode one id: show the id
+            out.append(str(i))
+    return out
+
+
+def _make_safe(src: str, tokens: list[str], names: list[str]) -> str:
+    """Make the props JSON safe inside a ``<script>``: ``<`` in strings becomes ``\\u003c``.
+
+    circuitsvis writes ``json.dumps(props)`` into the script as it is, so a token such as
+    ``</script>`` or ``<!--`` would end or derail the script. Every ``<`` of the page's props is in
+    the tokens or the head names; their JSON is replaced by the escaped JSON (same JS value).
+    """
+    src = _SELF_CLOSED_DIV.sub(r"\1></div>", src, count=1)
+    for value in (tokens, names):
+        raw = json.dumps(value)
+        if "<" not in raw:
+            continue
+        if raw not in src:  # pragma: no cover - circuitsvis changed its serialisation
+            raise RuntimeError("cannot find the head grid's props in circuitsvis' HTML to escape them")
+        src = src.replace(raw, raw.replace("<", "\\u003c"))
+    return src
+
+
+def _wrap_fragment(local_src: str, heads: pd.DataFrame, n_tokens: int) -> str:
+    opening = re.findall(r"<(?:script|link)\b[^>]*>", local_src, flags=re.IGNORECASE)
+    remote = [t for t in opening if re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", t, flags=re.IGNORECASE)]
+    remote += re.findall(r"""\b(?:from|import)\s*\(?\s*["'](?:https?:)?//[^"']*""", local_src, flags=re.IGNORECASE)
+    if remote:  # pragma: no cover - circuitsvis' local HTML inlines its bundle
+        raise RuntimeError(f"circuitsvis' local HTML loads a remote script ({remote[0]!r}); refusing to embed it")
+    regimes = sorted({str(r) for r in heads["regime"] if r is not None})
+    attrs = (
+        f'class="tlg-head-grid" data-heads="{len(heads)}" data-tokens="{n_tokens}"'
+        f' data-regimes="{html.escape(",".join(regimes))}"'
+    )
+    return f"<div {attrs}>\n{local_src}\n</div>\n"
+
+
+# --------------------------------------------------------------------------------------------
+# heads
+
+
+def _choose_heads(
+    heads: Any,
+    n_layers: int,
+    n_heads: int,
+    layers: Sequence[int] | None,
+    regimes: str | Sequence[str] | None,
+    sort_by_regime: bool,
+    max_heads: int | None,
+) -> list[_Choice]:
+    order: list[str] = list(REGIME_ORDER)
+    margin: dict[tuple[int, int], float] = {}
+    if heads is None:
+        table = pd.DataFrame(
+            [(layer, head) for layer in range(n_layers) for head in range(n_heads)], columns=["layer", "head"]
+        )
+        table["regime"] = None
+    elif isinstance(heads, pd.DataFrame):
+        missing = {"layer", "head"} - set(heads.columns)
+        if missing:
+            raise InputError(
+                f"the heads table lacks the columns {sorted(missing)}: pass "
+                "tl_geometry.taxonomy.classify_heads(result) "
+                "or a DataFrame with layer, head and regime"
+            )
+        table = heads.copy()
+        if "regime" in table.columns and isinstance(table["regime"].dtype, pd.CategoricalDtype):
+            order = [str(c) for c in table["regime"].cat.categories]
+        if "regime" not in table.columns:
+            table["regime"] = None
+        else:
+            table["regime"] = table["regime"].astype(object).where(table["regime"].notna(), None)
+        if "margin" in table.columns:
+            margin = {
+                (int(r.layer), int(r.head)): float(r.margin)
+                for r in table[["layer", "head", "margin"]].itertuples(index=False)
+                if r.margin is not None and not (isinstance(r.margin, float) and math.isnan(r.margin))
+            }
+        table = table[["layer", "head", "regime"]]
+        if "query_pos" in heads.columns and heads["query_pos"].nunique() > 1:
+            raise InputError(
+                "the heads table holds several query positions: classify one (classify_heads(result, query_pos=...))"
+            )
+    else:
+        try:
+            pairs = [(int(a), int(b)) for a, b in heads]
+        except (TypeError, ValueError):
+            raise InputError(
+                "heads must be a heads table (DataFrame), a list of (layer, head) pairs or None, "
+                f"got {type(heads).__name__}"
+            ) from None
+        table = pd.DataFrame(pairs, columns=["layer", "head"])
+        table["regime"] = None
+    table = table.drop_duplicates(["layer", "head"])
+    bad = table[(table.layer < 0) | (table.layer >= n_layers) | (table["head"] < 0) | (table["head"] >= n_heads)]
+    if len(bad):
+        raise InputError(
+            f"heads {list(zip(bad.layer, bad['head']))[:5]} do not exist: the model has layers 0..{n_layers - 1} "
+            f"and heads 0..{n_heads - 1}"
+        )
+    if layers is not None:
+        wanted = {int(layer) for layer in layers}
+        missing_layers = sorted(x for x in wanted if not 0 <= x < n_layers)
+        if missing_layers:
+            raise InputError(f"layers {missing_layers} do not exist: the model has layers 0..{n_layers - 1}")
+        table = table[table.layer.isin(wanted)]
+    has_regimes = table["regime"].notna().any()
+    if regimes is not None:
+        keep = [regimes] if isinstance(regimes, str) else [str(r) for r in regimes]
+        if not has_regimes:
+            raise InputError(
+                "regimes= needs a heads table with a regime column: "
+                "pass heads=tl_geometry.taxonomy.classify_heads(result)"
+            )
+        unknown = sorted(set(keep) - set(order) - set(table["regime"].dropna().astype(str)))
+        if unknown:
+            raise InputError(f"unknown regimes {unknown}: the heads table has {sorted(set(order))}")
+        table = table[table["regime"].isin(keep)]
+    if table.empty:
+        raise InputError("no head is left to draw after the layers= / regimes= filters")
+    choices = [_Choice(int(r.layer), int(r.head), None if r.regime is None else str(r.regime))
+               for r in table.itertuples(index=False)]  # fmt: skip
+
+    def rank(regime: str | None) -> tuple[int, str]:
+        if regime is None:
+            return (len(order) + 1, "")
+        return (order.index(regime), "") if regime in order else (len(order), regime)
+
+    if max_heads is not None:
+        if not isinstance(max_heads, int) or max_heads < 1:
+            raise InputError(f"max_heads must be a positive integer or None, got {max_heads!r}")
+        if len(choices) > max_heads:
+            choices = _cap(choices, max_heads, margin, rank)
+    if sort_by_regime and has_regimes:
+        choices.sort(key=lambda c: (rank(c.regime), c.layer, c.head))
+    else:
+        choices.sort(key=lambda c: (c.layer, c.head))
+    return choices
+
+
+def _cap(choices: list[_Choice], max_heads: int, margin: dict, rank) -> list[_Choice]:
+    """Keep ``max_heads`` heads, regimes taking turns; within one, largest margin first."""
+    groups: dict[Any, list[_Choice]] = {}
+    for c in choices:
+        groups.setdefault(c.regime, []).append(c)
+    for members in groups.values():
+        members.sort(key=lambda c: (-margin.get((c.layer, c.head), 0.0), c.layer, c.head))
+    queues = [groups[k] for k in sorted(groups, key=rank)]
+    kept: list[_Choice] = []
+    i = 0
+    while len(kept) < max_heads:
+        if all(i >= len(q) for q in queues):
+            break
+        for q in queues:
+            if i < len(q) and len(kept) < max_heads:
+                kept.append(q[i])
+        i += 1
+    warnings.warn(
+        f"{len(choices)} heads chosen; the head grid shows {len(kept)} of them (pass max_heads= to show more, "
+        "or narrow them with layers= / regimes=)",
+        UserWarning,
+        stacklevel=4,
+    )
+    return kept
+
+
+def _name(c: _Choice) -> str:
+    base = f"L{c.layer}H{c.head}"
+    return base if c.regime is None else f"{base}{_SEPARATOR}{c.regime}"
+
+
+# --------------------------------------------------------------------------------------------
+# the forward pass
+
+
+class _Done(Exception):
+    """Raised in the last needed hook to end the forward pass."""
+
+
+def _patterns(model: Any, ids: list[int], chosen: list[_Choice]) -> Tensor:
+    """``[len(chosen), pos, pos]`` attention patterns (float32, CPU), one forward pass."""
+    by_layer: dict[int, list[int]] = {}
+    for c in chosen:
+        by_layer.setdefault(c.layer, []).append(c.head)
+    last = max(by_layer)
+    got: dict[int, Tensor] = {}
+
+    def make_hook(layer: int):
+        index = torch.tensor(sorted(set(by_layer[layer])), dtype=torch.int64)
+
+        def hook(pattern: Tensor, hook: Any) -> None:
+            got[layer] = pattern.detach()[0].index_select(0, index.to(pattern.device)).float().cpu()
+            if layer == last and len(got) == len(by_layer):
+                raise _Done
+
+        return hook, index
+
+    hooks, index_of = [], {}
+    for layer in sorted(by_layer):
+        fn, index = make_hook(layer)
+        hooks.append((hook_pattern_name(layer), fn))
+        index_of[layer] = {int(h): i for i, h in enumerate(index.tolist())}
+    try:
+        device = next(model.parameters()).device
+    except (StopIteration, AttributeError, TypeError):
+        device = torch.device("cpu")
+    tokens = torch.tensor([ids], dtype=torch.int64, device=device)
+    with torch.inference_mode():
+        try:
+            model.run_with_hooks(tokens, fwd_hooks=hooks)
+        except _Done:
+            pass
+    silent = sorted(set(by_layer) - set(got))
+    if silent:
+        raise ModelError(
+            f"layers {silent[:6]} did not fire hook_pattern: the model's attention does not expose its pattern "
+            "(boot the model with an eager attention implementation)"
+        )
+    return torch.stack([got[c.layer][index_of[c.layer][c.head]] for c in chosen])
