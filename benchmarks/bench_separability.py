@@ -56,13 +56,19 @@ def analysis_ratio(model, n_seqs: int, seq_len: int, batch_size: int) -> None:
     tokens = corpus_tokens(model, corpus)
     fwd = forward_seconds(model, tokens, batch_size)
     print(f"plain forward: {fwd:.2f}s for {n_seqs} windows of {seq_len} tokens ({fwd / n_seqs:.2f}s per window)")
-    for label, ns in (("every N (1..K)", None), ("log grid", "log")):
-        runs = [tlg.analyze(model, corpus, ns=ns, batch_size=batch_size, progress=False) for _ in range(2)]
+    settings = (
+        ("separability, every N", dict(ns=None, taxonomy=False)),
+        ("separability, log grid", dict(ns="log", taxonomy=False)),
+        ("default analyze (+taxonomy)", dict(ns="log")),
+        ("everything (+diagnostics, bounds)", dict(ns="log", diagnostics=True, bounds=True)),
+    )
+    for label, kwargs in settings:
+        runs = [tlg.analyze(model, corpus, batch_size=batch_size, progress=False, **kwargs) for _ in range(2)]
         res = min(runs, key=lambda r: r.timings["analysis_s"])  # best of two, as for the forward
         t = res.timings
         n_sizes = res.separability.n.nunique()
         print(
-            f"  {label:15s} ({n_sizes:4d} sizes): analysis {t['analysis_s']:.2f}s -> analysis/forward = "
+            f"  {label:36s} ({n_sizes:4d} sizes): analysis {t['analysis_s']:6.2f}s -> analysis/forward = "
             f"{t['analysis_s'] / fwd:.3f}; whole analyze() / plain forward = {t['total_s'] / fwd:.2f}"
         )
 
@@ -100,7 +106,7 @@ def peak_rss_child(n_seqs: int, seq_len: int) -> None:
     import tl_geometry as tlg
 
     model = tlg.load_model("smollm2-135m")
-    tlg.analyze(model, tlg.corpus.python_docs(n_seqs=n_seqs, seq_len=seq_len), progress=False)
+    tlg.analyze(model, tlg.corpus.python_docs(n_seqs=n_seqs, seq_len=seq_len), taxonomy=False, progress=False)
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux
 
 

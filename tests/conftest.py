@@ -97,3 +97,12 @@ def build(kind: str):
 @pytest.fixture(scope="session")
 def llama_bridge():
     return tiny_llama_bridge()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module of many small tensors (faster, and kind to a shared machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -25,13 +25,7 @@ from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The machine is shared: one intra-op thread (small tensors run faster that way, too)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ----------------------------------------------------------------------------- generators

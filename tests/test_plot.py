@@ -30,13 +30,7 @@ from conftest import tiny_llama_bridge
 LABELS = ["Retriever", "Mixer", "Reset", "Unclassified"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The machine is shared: one intra-op thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -22,13 +22,7 @@ from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo, hook_pattern_name, hook_v_name
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The machine is shared: one intra-op thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ----------------------------------------------------------------------------- loop reference

@@ -31,9 +31,10 @@ from ._typing import typechecked
 from .errors import InputError
 from .selection import NsLike, resolve_ns, sort_by_weight
 
-#: Size in bytes of one block of the ``E`` matrix (rows x keys x sizes). About 1 MiB keeps the
-#: block in the processor's cache while the masked reductions read it several times.
-DEFAULT_BLOCK_BYTES = 1 << 20
+#: Size in bytes of one block of the ``E`` matrix (rows x keys x sizes). About 4 MiB balances the
+#: matrix product (faster in big blocks) against the masked reductions (faster in cache): on 2 CPU
+#: cores, 9 rows of K = 1024, every N, it ran in 0.11 s against 0.18 s at 1 MiB and 0.24 s at 64 MiB.
+DEFAULT_BLOCK_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ def separability(
     dtype : torch.dtype, default torch.float64
         Precision of the computation. Counts are decided by comparisons of distances, so keep
         float64 unless you accept that near-ties may be counted differently.
-    block_bytes : int, default 1 MiB
+    block_bytes : int, default 4 MiB
         Working-set size of one block of the distance computation; a tuning knob only.
 
     Returns
