@@ -23,6 +23,7 @@ import platform
 import shutil
 import sys
 import time
+import warnings
 from importlib import metadata
 from pathlib import Path
 
@@ -131,7 +132,9 @@ def run_command(args: argparse.Namespace) -> int:
     result.save(out)
     heads = result.classify_heads(query_pos=result.config["query_positions"][-1])
     heads.to_parquet(out / "heads.parquet", index=False)
-    grid = head_grid_html(model, result.tokens[0, :GRID_TOKENS], heads, max_heads=GRID_HEADS)
+    with warnings.catch_warnings():  # showing GRID_HEADS of all heads is the intent here, not news
+        warnings.filterwarnings("ignore", message=r".*heads chosen; the head grid shows", category=UserWarning)
+        grid = head_grid_html(model, result.tokens[0, :GRID_TOKENS], heads, max_heads=GRID_HEADS)
     (out / "head_grid.html").write_text(grid, encoding="utf-8")
     run_info = {
         "model": result.model.__dict__,
