@@ -104,7 +104,6 @@ def main() -> None:
             f"mae in [0.05, 0.10]: {sim.mae.between(0.05, 0.10).mean():.3f}; mae > 0.20: {(sim.mae > 0.20).mean():.3f}; "
             f"share_negative > 0: {(sim.share_negative > 0).mean():.3f}"
         )
-    curve = main.similarity_curve
     print(f"\nc(k) averaged over every (layer, kv_head) pair, k = 1, 2, 4, ..., {args.k_max}:")
     ks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if k <= args.k_max]
     full = tables[max(tables)].similarity_curve

@@ -7,6 +7,7 @@ import pandas as pd
 from torch import Tensor
 
 from .capture import LayerBatch, values_per_head
+from .errors import InputError
 
 KEY_COLUMNS = ["seq", "layer", "head", "kv_head", "query_pos", "n"]
 
@@ -72,3 +73,22 @@ class RowMetricsObserver:
         out = pd.concat(self.chunks, ignore_index=True) if self.chunks else empty_table(self.columns)
         self.chunks = []
         return out
+
+
+def select_query_pos(table: pd.DataFrame, query_pos: int | None, what: str = "table", hint: str = "") -> pd.DataFrame:
+    """The rows of one query position: ``query_pos``, or the only one the table holds.
+
+    Raises :class:`InputError` when ``query_pos`` is None but the table holds several positions
+    (``hint`` is appended to that message), or when ``query_pos`` is not among them. A table
+    without a ``query_pos`` column is returned as it is.
+    """
+    if "query_pos" not in table.columns:
+        return table
+    positions = sorted(table["query_pos"].unique().tolist())
+    if query_pos is None:
+        if len(positions) > 1:
+            raise InputError(f"the {what} holds query positions {positions[:8]}; pass query_pos= one of them{hint}")
+        return table
+    if query_pos not in positions:
+        raise InputError(f"query_pos={query_pos} is not in the {what} (it holds {positions[:8]})")
+    return table[table["query_pos"] == query_pos]

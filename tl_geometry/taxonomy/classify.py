@@ -56,6 +56,11 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InputError
+from ..tables import select_query_pos
+
+
+#: Why a features table must be cut to one query position before averaging over N.
+_ONE_K_HINT = " (curves over N of rows with different K are not averaged together)"
 
 REGIMES = ("Retriever", "Reset", "Mixer")
 UNCLASSIFIED = "Unclassified"
@@ -145,20 +150,6 @@ HEAD_FEATURE_COLUMNS = [
 ]  # fmt: skip
 
 
-def _one_query(table: pd.DataFrame, query_pos: int | None) -> pd.DataFrame:
-    positions = sorted(table["query_pos"].unique().tolist())
-    if query_pos is None:
-        if len(positions) > 1:
-            raise InputError(
-                f"the table holds query positions {positions[:8]}; pass query_pos= one of them "
-                "(curves over N of rows with different K are not averaged together)"
-            )
-        return table
-    if query_pos not in positions:
-        raise InputError(f"query_pos={query_pos} is not in the table (it holds {positions[:8]})")
-    return table[table["query_pos"] == query_pos]
-
-
 def head_features(
     features: pd.DataFrame,
     *,
@@ -188,7 +179,7 @@ def head_features(
     missing = {"layer", "head", "query_pos", "n", "cos_s_v0", "cos_s_vL", "norm_s"} - set(features.columns)
     if missing:
         raise InputError(f"not a features table (missing columns {sorted(missing)}); use TaxonomyObserver.features()")
-    t = _one_query(features, query_pos).sort_values(["layer", "head", "n"], kind="stable")
+    t = select_query_pos(features, query_pos, hint=_ONE_K_HINT).sort_values(["layer", "head", "n"], kind="stable")
     if t.empty:
         raise InputError("the features table is empty: observe some sequences first")
     t = t.assign(n_keys=t["query_pos"] + 1)
@@ -250,7 +241,7 @@ def _as_head_table(obj: Any, query_pos: int | None, th: RegimeThresholds) -> pd.
     missing = set(HEAD_FEATURE_COLUMNS) - set(table.columns)
     if missing:
         raise InputError(f"not a features or head-features table (missing columns {sorted(missing)})")
-    return _one_query(table, query_pos)[HEAD_FEATURE_COLUMNS]
+    return select_query_pos(table, query_pos, hint=_ONE_K_HINT)[HEAD_FEATURE_COLUMNS]
 
 
 def classify_heads(obj: Any, *, query_pos: int | None = None, **thresholds: Any) -> pd.DataFrame:

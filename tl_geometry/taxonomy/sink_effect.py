@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InputError
+from ..tables import select_query_pos
 
 SINK_EFFECT_COLUMNS = ["n", "pearson", "spearman", "n_heads"]
 
@@ -66,19 +67,6 @@ def rho0_table(features: pd.DataFrame) -> pd.DataFrame:
     return features[cols].drop_duplicates(keys).reset_index(drop=True)
 
 
-def _select_query(table: pd.DataFrame, query_pos: int | None, what: str) -> pd.DataFrame:
-    if "query_pos" not in table.columns:
-        return table
-    positions = sorted(table["query_pos"].unique().tolist())
-    if query_pos is None:
-        if len(positions) > 1:
-            raise InputError(f"the {what} holds query positions {positions[:8]}; pass query_pos= one of them")
-        return table
-    if query_pos not in positions:
-        raise InputError(f"query_pos={query_pos} is not in the {what} (it holds {positions[:8]})")
-    return table[table["query_pos"] == query_pos]
-
-
 def sink_effect(separability: pd.DataFrame, rho0: pd.DataFrame, *, query_pos: int | None = None) -> pd.DataFrame:
     """Per ``N``: correlation across (layer, head) of the mean ``recall(N)`` with ``rho_0`` (Fig. 6).
 
@@ -104,8 +92,8 @@ def sink_effect(separability: pd.DataFrame, rho0: pd.DataFrame, *, query_pos: in
         raise InputError(f"separability table lacks columns {sorted(need - set(separability.columns))}")
     if "rho_0" not in rho0.columns or "layer" not in rho0.columns:
         raise InputError("rho0 table needs columns layer, rho_0 and head or kv_head")
-    sep = _select_query(separability, query_pos, "separability table")
-    rho = _select_query(rho0, query_pos, "rho0 table")
+    sep = select_query_pos(separability, query_pos, "separability table")
+    rho = select_query_pos(rho0, query_pos, "rho0 table")
     group = ["layer", "head"] + (["kv_head"] if "kv_head" in sep.columns else [])
     recall = sep.groupby(group + ["n"], sort=True)["recall"].mean().reset_index()
     if "head" in rho.columns:

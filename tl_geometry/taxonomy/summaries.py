@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InputError
+from ..tables import select_query_pos
 from .classify import ALL_LABELS, classify_heads
 
 SHARE_COLUMNS = ["layer", "regime", "n_heads", "share"]
@@ -59,13 +60,7 @@ def regime_pr_curves(separability: pd.DataFrame, heads: pd.DataFrame, *, query_p
     query_pos : int, optional; needed when ``separability`` holds several query positions.
     """
     _check_heads(heads)
-    sep = separability
-    if "query_pos" in sep.columns:
-        positions = sorted(sep["query_pos"].unique().tolist())
-        if query_pos is None and len(positions) > 1:
-            raise InputError(f"the separability table holds query positions {positions[:8]}; pass query_pos=")
-        if query_pos is not None:
-            sep = sep[sep["query_pos"] == query_pos]
+    sep = select_query_pos(separability, query_pos, "separability table")
     metrics = ["precision", "recall", "f_at_rmax", "f_at_rmin"]
     per_head = sep.groupby(["layer", "head", "n"])[metrics].agg("mean")
     per_head["n_rows"] = sep.groupby(["layer", "head", "n"]).size()
