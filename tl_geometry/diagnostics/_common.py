@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
 import torch
 from torch import Tensor
 
@@ -49,3 +50,71 @@ def as_state(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: as_state(v) for k, v in obj.items()}
     return obj
+
+
+def empty_frame(columns: list[str]) -> pd.DataFrame:
+    """A table with no rows and the given float64 columns (what an empty accumulator reports)."""
+    return pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
+
+
+class KeyedSums:
+    """Base of the per-layer accumulators that keep named float64 sums over sequences.
+
+    A subclass sets :attr:`name`, creates ``self.sums`` in ``_init(n_keys, n_kv_heads)`` (which
+    also checks the geometry of later batches), and adds each batch with :meth:`_add`. Merging,
+    saving and restoring are shared; :meth:`_check_settings` and :meth:`_extra_state` let a
+    subclass refuse or save its own settings.
+    """
+
+    name = "accumulator"
+
+    def __init__(self) -> None:
+        self.n_seqs = 0
+        self.n_keys: int | None = None
+        self.n_kv_heads: int | None = None
+        self.sums: dict[str, Tensor] = {}
+
+    def _init(self, n_keys: int, n_kv: int) -> None:
+        raise NotImplementedError
+
+    def _add(self, add: dict[str, Tensor], n_seqs: int) -> None:
+        for k, v in add.items():
+            self.sums[k] += v
+        self.n_seqs += n_seqs
+
+    def _check_settings(self, other: "KeyedSums") -> None:
+        """Raise if ``other`` was built with other settings (none by default)."""
+
+    def merge(self, other: "KeyedSums") -> "KeyedSums":
+        """Add ``other``'s sequences to this accumulator (in place; returns ``self``)."""
+        self._check_settings(other)
+        if other.n_seqs == 0:
+            return self
+        if self.n_seqs == 0:
+            self._init(other.n_keys, other.n_kv_heads)
+        geometry = (self.n_keys, self.n_kv_heads), (other.n_keys, other.n_kv_heads)
+        check_same(self.name, *geometry, "(n_keys, n_kv_heads)")
+        self._add(other.sums, other.n_seqs)
+        return self
+
+    def _extra_state(self) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        """A copy of the accumulator's state (tensors and ints), e.g. for ``torch.save``."""
+        return as_state(
+            {
+                **self._extra_state(),
+                "n_seqs": self.n_seqs,
+                "n_keys": self.n_keys,
+                "n_kv_heads": self.n_kv_heads,
+                "sums": self.sums,
+            }
+        )
+
+    def _load_state(self, state: dict) -> "KeyedSums":
+        self.n_seqs = int(state["n_seqs"])
+        self.n_keys = state["n_keys"]
+        self.n_kv_heads = state["n_kv_heads"]
+        self.sums = as_state(dict(state["sums"]))
+        return self

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from .._typing import typechecked
 from ..errors import InputError
-from ._common import ACC_DTYPE, as_state, check_same, median_last
+from ._common import ACC_DTYPE, KeyedSums, check_same, empty_frame, median_last
 
 NORM_COLUMNS = [
     "kv_head", "n_seqs", "n_keys", "sink_norm", "median_norm", "mean_norm",
@@ -58,7 +58,7 @@ class ValueNormStats:
     by_position: pd.DataFrame
 
 
-class NormAccumulator:
+class NormAccumulator(KeyedSums):
     """Mergeable sums behind :func:`value_norm_stats` (one layer, every key/value head).
 
     ``update`` with value tensors ``[batch, key, kv_head, d_head]``, ``merge`` another
@@ -66,11 +66,7 @@ class NormAccumulator:
     ``from_state_dict`` save and restore it (for resuming an interrupted run).
     """
 
-    def __init__(self) -> None:
-        self.n_seqs = 0
-        self.n_keys: int | None = None
-        self.n_kv_heads: int | None = None
-        self.sums: dict[str, Tensor] = {}
+    name = "norm"
 
     def update(self, values: Tensor) -> "NormAccumulator":
         """Add the sequences of ``values`` ``[batch, key, kv_head, d_head]``."""
@@ -95,27 +91,13 @@ class NormAccumulator:
             "pos": norms.sum(0).T,  # [g, L]
             "pos_sq": norms.square().sum(0).T,
         }
-        for k, v in add.items():
-            self.sums[k] += v
-        self.n_seqs += b
-        return self
-
-    def merge(self, other: "NormAccumulator") -> "NormAccumulator":
-        """Add ``other``'s sequences to this accumulator (in place; returns ``self``)."""
-        if other.n_seqs == 0:
-            return self
-        if self.n_seqs == 0:
-            self._init(other.n_keys, other.n_kv_heads)
-        check_same("norm", (self.n_keys, self.n_kv_heads), (other.n_keys, other.n_kv_heads), "(n_keys, n_kv_heads)")
-        for k in _SUMS:
-            self.sums[k] += other.sums[k]
-        self.n_seqs += other.n_seqs
+        self._add(add, b)
         return self
 
     def result(self) -> ValueNormStats:
         """The summary and per-position tables of everything added so far."""
         if self.n_seqs == 0:
-            return ValueNormStats(_empty(NORM_COLUMNS), _empty(NORM_CURVE_COLUMNS))
+            return ValueNormStats(empty_frame(NORM_COLUMNS), empty_frame(NORM_CURVE_COLUMNS))
         n, s = self.n_seqs, self.sums
         g, n_keys = s["pos"].shape
         m = s["pos"] / n  # [g, L] per-position mean norm
@@ -146,21 +128,10 @@ class NormAccumulator:
         )
         return ValueNormStats(summary, curve)
 
-    def state_dict(self) -> dict:
-        """A copy of the accumulator's state (tensors and ints), e.g. for ``torch.save``."""
-        return as_state(
-            {"n_seqs": self.n_seqs, "n_keys": self.n_keys, "n_kv_heads": self.n_kv_heads, "sums": self.sums}
-        )
-
     @classmethod
     def from_state_dict(cls, state: dict) -> "NormAccumulator":
         """Rebuild an accumulator saved with :meth:`state_dict`."""
-        acc = cls()
-        acc.n_seqs = int(state["n_seqs"])
-        acc.n_keys = state["n_keys"]
-        acc.n_kv_heads = state["n_kv_heads"]
-        acc.sums = as_state(dict(state["sums"]))
-        return acc
+        return cls()._load_state(state)
 
     def _init(self, n_keys: int, n_kv: int) -> None:
         if self.n_keys is None:
@@ -170,10 +141,6 @@ class NormAccumulator:
             self.sums["pos_sq"] = torch.zeros(n_kv, n_keys, dtype=ACC_DTYPE)
         else:
             check_same("norm", (self.n_keys, self.n_kv_heads), (n_keys, n_kv), "(n_keys, n_kv_heads)")
-
-
-def _empty(columns: list[str]) -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
 
 
 @typechecked

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .._typing import typechecked
 from ..errors import InputError
-from ._common import ACC_DTYPE, as_state, check_same
+from ._common import ACC_DTYPE, as_state, check_same, empty_frame
 from .profile_fit import ProfileFitTensors, fit_profiles
 
 #: Weights below this are raised to it before the log (a zero would give ``-inf``).
@@ -104,7 +104,7 @@ class ProfileAccumulator:
     ) -> AttentionProfileFit:
         """Fit the mean profile of every head (see :func:`fit_attention_profile`)."""
         if self.total is None:
-            return AttentionProfileFit(_empty(PROFILE_COLUMNS), _empty(PROFILE_CURVE_COLUMNS))
+            return AttentionProfileFit(empty_frame(PROFILE_COLUMNS), empty_frame(PROFILE_CURVE_COLUMNS))
         mean = self.mean()
         fit = fit_profiles(mean, floor=floor, n_omega=n_omega, max_log_error=max_log_error)
         return AttentionProfileFit(*profile_tables(fit, mean, self.n_seqs))
@@ -151,10 +151,6 @@ def profile_tables(fit: ProfileFitTensors, mean: Tensor, n_seqs: int) -> tuple[p
         }
     )
     return summary, curve
-
-
-def _empty(columns: list[str]) -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
 
 
 @typechecked

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from .._typing import typechecked
 from ..errors import InputError
-from ._common import ACC_DTYPE, as_state, check_same, unit
+from ._common import ACC_DTYPE, KeyedSums, check_same, empty_frame, unit
 from .decay_fit import fit_exponential_decay
 from .lag_cosines import lag_cosine_sums
 
@@ -61,7 +61,7 @@ class SimilarityDecay:
     curve: pd.DataFrame
 
 
-class SimilarityAccumulator:
+class SimilarityAccumulator(KeyedSums):
     """Mergeable per-lag sums behind :func:`similarity_decay` (one layer, every key/value head).
 
     Parameters
@@ -71,15 +71,14 @@ class SimilarityAccumulator:
         ``L - 2`` (the ``k_max`` column says which lags were used).
     """
 
+    name = "similarity"
+
     def __init__(self, k_max: int | None = DEFAULT_K_MAX) -> None:
         if k_max is not None and (not isinstance(k_max, int) or k_max < 1):
             raise InputError(f"k_max must be a positive integer or None (every lag), got {k_max!r}")
+        super().__init__()
         self.k_max_requested = k_max
         self.k_max: int | None = None
-        self.n_seqs = 0
-        self.n_keys: int | None = None
-        self.n_kv_heads: int | None = None
-        self.sums: dict[str, Tensor] = {}
 
     def update(self, values: Tensor) -> "SimilarityAccumulator":
         """Add the sequences of ``values`` ``[batch, key, kv_head, d_head]``."""
@@ -100,24 +99,11 @@ class SimilarityAccumulator:
             "lag_neg": per_head(neg.to(ACC_DTYPE)),
             "sink": einops.reduce(sink_cos, "b l g -> g", "sum"),
         }
-        for k, v in add.items():
-            self.sums[k] += v
-        self.n_seqs += b
+        self._add(add, b)
         return self
 
-    def merge(self, other: "SimilarityAccumulator") -> "SimilarityAccumulator":
-        """Add ``other``'s sequences to this accumulator (in place; returns ``self``)."""
+    def _check_settings(self, other: "KeyedSums") -> None:
         check_same("similarity", self.k_max_requested, other.k_max_requested, "k_max")
-        if other.n_seqs == 0:
-            return self
-        if self.n_seqs == 0:
-            self._init(other.n_keys, other.n_kv_heads)
-        geometry = (self.n_keys, self.n_kv_heads), (other.n_keys, other.n_kv_heads)
-        check_same("similarity", *geometry, "(n_keys, n_kv_heads)")
-        for k in self.sums:
-            self.sums[k] += other.sums[k]
-        self.n_seqs += other.n_seqs
-        return self
 
     def curve_tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """``(ks, c, c_std, n_neg, n_pairs)``: ``ks`` ``[k_max]``, the rest ``[kv_head, k_max]``
@@ -134,7 +120,7 @@ class SimilarityAccumulator:
         ``k_fit`` (default: the accumulator's ``k_max``) refits a shorter range of the same curve.
         """
         if self.n_seqs == 0:
-            return SimilarityDecay(_empty(SIMILARITY_COLUMNS), _empty(SIMILARITY_CURVE_COLUMNS))
+            return SimilarityDecay(empty_frame(SIMILARITY_COLUMNS), empty_frame(SIMILARITY_CURVE_COLUMNS))
         k_fit = self.k_max if k_fit is None else int(k_fit)
         if not 1 <= k_fit <= self.k_max:
             raise InputError(f"k_fit={k_fit} is outside the accumulated lags 1..{self.k_max}")
@@ -168,28 +154,14 @@ class SimilarityAccumulator:
         )
         return SimilarityDecay(summary, curve)
 
-    def state_dict(self) -> dict:
-        """A copy of the accumulator's state (tensors and ints), e.g. for ``torch.save``."""
-        return as_state(
-            {
-                "k_max_requested": self.k_max_requested,
-                "k_max": self.k_max,
-                "n_seqs": self.n_seqs,
-                "n_keys": self.n_keys,
-                "n_kv_heads": self.n_kv_heads,
-                "sums": self.sums,
-            }
-        )
+    def _extra_state(self) -> dict:
+        return {"k_max_requested": self.k_max_requested, "k_max": self.k_max}
 
     @classmethod
     def from_state_dict(cls, state: dict) -> "SimilarityAccumulator":
         """Rebuild an accumulator saved with :meth:`state_dict`."""
-        acc = cls(state["k_max_requested"])
+        acc = cls(state["k_max_requested"])._load_state(state)
         acc.k_max = state["k_max"]
-        acc.n_seqs = int(state["n_seqs"])
-        acc.n_keys = state["n_keys"]
-        acc.n_kv_heads = state["n_kv_heads"]
-        acc.sums = as_state(dict(state["sums"]))
         return acc
 
     def _init(self, n_keys: int, n_kv: int) -> None:
@@ -205,10 +177,6 @@ class SimilarityAccumulator:
             }
         else:
             check_same("similarity", (self.n_keys, self.n_kv_heads), (n_keys, n_kv), "(n_keys, n_kv_heads)")
-
-
-def _empty(columns: list[str]) -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
 
 
 @typechecked
