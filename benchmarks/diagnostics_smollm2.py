@@ -57,8 +57,7 @@ def main() -> None:
     t_load = time.perf_counter() - t0
     info = tlg.describe_model(model)
     corpus = tlg.corpus.python_docs(n_seqs=args.n_seqs, seq_len=args.seq_len)
-    tokenizer = model.tokenizer
-    tokens = corpus.windows(tokenizer, info.bos_token_id, tokenizer.eos_token_id)
+    tokens = tlg.corpus_tokens(model, corpus, info)
     query = (tokens.shape[1] - 1,)
     observer = DiagnosticsObserver(info, k_max=args.k_max)
     observe_s = 0.0
