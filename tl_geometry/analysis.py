@@ -29,13 +29,11 @@ from .errors import InputError
 from .models import ModelInfo, describe_model, load_model
 from .selection import NsLike, resolve_ns
 from .separability import separability
-from .tables import RowMetricsObserver, empty_table
+from .tables import KEY_COLUMNS, RowMetricsObserver, empty_table
 
-SEPARABILITY_COLUMNS = [
-    "seq", "layer", "head", "kv_head", "query_pos", "n",
-    "precision", "recall", "r_min", "r_max", "f_at_rmax", "f_at_rmin",
-]  # fmt: skip
-_METRICS = SEPARABILITY_COLUMNS[6:]
+_METRICS = ["precision", "recall", "r_min", "r_max", "f_at_rmax", "f_at_rmin"]
+#: Columns of ``AnalysisResult.separability`` (before any bound columns).
+SEPARABILITY_COLUMNS = KEY_COLUMNS + _METRICS
 
 
 class SeparabilityObserver(RowMetricsObserver):
