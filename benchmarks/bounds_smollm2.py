@@ -1,7 +1,7 @@
 """Theorems 1-2 envelopes against measured precision / recall on SmolLM2-135M (docs/theory.md).
 
 Runs :func:`tl_geometry.analyze` (separability) and, in a second streaming pass over the same
-windows, one :class:`~tl_geometry.bounds_observer.BoundsObserver` per ``kappa``; joins the tables
+windows, one :class:`~tl_geometry.theory.observer.BoundsObserver` per ``kappa``; joins the tables
 on ``seq, layer, head, kv_head, query_pos, n`` and prints, per ``N``, the mean metrics, the mean
 envelopes and the share of rows inside ``[lower, upper]`` (aggregated over the 4 windows, the 30
 layers and the 9 query heads, at the last query position).
@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 import tl_geometry as tlg
-from tl_geometry.bounds_observer import BoundsObserver, envelopes, join_bounds
+from tl_geometry.theory.observer import BoundsObserver, envelopes, join_bounds
 from tl_geometry.capture import run_streaming
 
 

@@ -1,7 +1,7 @@
 """Sink effect and head taxonomy (SPEC §5) on SmolLM2-135M (docs/taxonomy.md).
 
 One streaming pass over ``python_docs(n_seqs, seq_len)`` (last query position, ``ns="log"``) feeds
-a :class:`~tl_geometry.analysis.SeparabilityObserver` and a
+a :class:`~tl_geometry.observers.SeparabilityObserver` and a
 :class:`~tl_geometry.taxonomy.TaxonomyObserver` that keeps the two halves of the windows apart
 (``parts=halves(n_seqs)``). Prints the regime counts by layer (Figure 8), the sink-effect curve
 (Figure 6), the mean precision / recall per regime (Figure 11) and how many labels change
@@ -22,7 +22,7 @@ import torch
 
 import tl_geometry as tlg
 import tl_geometry.taxonomy as tx
-from tl_geometry.analysis import SeparabilityObserver
+from tl_geometry.observers import SeparabilityObserver
 from tl_geometry.capture import run_streaming
 
 

@@ -1,8 +1,8 @@
-"""Tests of the envelopes of Theorems 1-2 / Corollary 1 (SPEC §4), the regimes of N and the
+"""Tests of the envelopes of Theorems 1-2 / Corollary 1 (SPEC §4), the phases of N and the
 observer.
 
 * ``ref_bounds`` is a slow per-row, per-N transcription of SPEC §4 with Python loops over keys
-  and pairs; it shares nothing with :mod:`tl_geometry.bounds` (only ``top_n`` from
+  and pairs; it shares nothing with :mod:`tl_geometry.theory.bounds` (only ``top_n`` from
   ``tests/reference.py``).
 * The Monte Carlo test draws rows that satisfy Assumptions 1-3 and checks the *lower* bounds
   against the empirical mean precision / recall of :func:`tl_geometry.separability`. Settings
@@ -22,12 +22,12 @@ from jaxtyping import TypeCheckError
 
 import tl_geometry
 from reference import top_n
-from tl_geometry.bounds import XI_STAR, Bounds, SimilarityModel, bounds, p_of_xi
-from tl_geometry.bounds_observer import BOUNDS_COLUMNS, BoundsObserver, envelopes, join_bounds
 from tl_geometry.capture import LayerBatch
 from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo
-from tl_geometry.regimes_of_n import PiecewiseProfile, regime_boundaries, regimes_of_n
+from tl_geometry.theory.bounds import XI_STAR, Bounds, SimilarityModel, bounds, p_of_xi
+from tl_geometry.theory.observer import BOUNDS_COLUMNS, BoundsObserver, envelopes, join_bounds
+from tl_geometry.theory.size_phases import PiecewiseProfile, phase_boundaries, size_phases
 
 # ----------------------------------------------------------------------------- reference
 
@@ -440,56 +440,56 @@ def test_monte_carlo_upper_bounds_fail():
     assert not res["up_p"].any() and not res["up_r"].any()
 
 
-# ----------------------------------------------------------------------------- regimes of N
+# ----------------------------------------------------------------------------- phases of N
 
 
-def test_regimes_of_n_table2():
+def test_size_phases_table2():
     prof = PiecewiseProfile(p_sink=0.5, p_base=0.01, eta_osc=0.5, omega=1.3, eta_exp=0.4, t1=10, t2=30, n_keys=40)
-    table = regimes_of_n(prof)
-    m1, m2, m3 = regime_boundaries(prof)
+    table = size_phases(prof)
+    m1, m2, m3 = phase_boundaries(prof)
     assert (table.attrs["m1"], table.attrs["m2"], table.attrs["m3"]) == (m1, m2, m3)
     assert 1 < m1 <= m2 <= m3 <= 41
     counts = table[[f"n_{p}" for p in ("sink", "plateau", "peak", "valley", "tail")]].sum(axis=1)
     assert (counts == table.n).all()
     by_n = table.set_index("n")
-    assert by_n.loc[1, "regime"] == "I" and by_n.loc[1, "n_sink"] == 1
+    assert by_n.loc[1, "phase"] == "I" and by_n.loc[1, "n_sink"] == 1
     # II: sink + top of the tail only
-    ii = table[table.regime == "II"]
+    ii = table[table.phase == "II"]
     assert len(ii) and (ii.n_peak == 0).all() and (ii.n_plateau == 0).all() and (ii.n_valley == 0).all()
     # m1 is the first N with a peak; m2 the first with the p_base level (plateau or valley)
     assert by_n.loc[m1, "n_peak"] == 1 and by_n.loc[m1 - 1, "n_peak"] == 0
     assert by_n.loc[m2, "n_plateau"] + by_n.loc[m2, "n_valley"] >= 1
     assert by_n.loc[m2 - 1, "n_plateau"] + by_n.loc[m2 - 1, "n_valley"] == 0
     # from m3 on: whole plateau, every peak and the whole tail are in
-    phases = prof.phases()
-    assert by_n.loc[m3, "n_plateau"] == 10 and by_n.loc[m3, "n_tail"] == (phases == "tail").sum()
-    assert by_n.loc[m3, "n_peak"] == (phases == "peak").sum()
+    segments = prof.segments()
+    assert by_n.loc[m3, "n_plateau"] == 10 and by_n.loc[m3, "n_tail"] == (segments == "tail").sum()
+    assert by_n.loc[m3, "n_peak"] == (segments == "peak").sum()
     assert by_n.loc[m3 - 1, "n_plateau"] < 10
-    # the regimes appear in order
-    codes = table.regime.map({r: i for i, r in enumerate(["I", "II", "III", "IV", "V"])})
-    assert codes.is_monotonic_increasing and set(table.regime) == {"I", "II", "III", "IV", "V"}
+    # the phases appear in order
+    codes = table.phase.map({r: i for i, r in enumerate(["I", "II", "III", "IV", "V"])})
+    assert codes.is_monotonic_increasing and set(table.phase) == {"I", "II", "III", "IV", "V"}
 
 
-def test_regimes_without_oscillation_and_from_params():
+def test_phases_without_oscillation_and_from_params():
     prof = PiecewiseProfile.from_params(
         {"p_sink": 0.5, "p_base": 0.01, "eta": 0.3, "omega": 1.0, "T1": 20, "T2": 20}, n_keys=30
     )
     assert prof.eta_osc == prof.eta_exp == 0.3
-    m1, m2, m3 = regime_boundaries(prof)
+    m1, m2, m3 = phase_boundaries(prof)
     assert m1 == m2  # no peaks: III is empty
-    table = regimes_of_n(prof, ns=[1, 2, 5, 11, 30])
-    assert "III" not in set(table.regime)
-    assert table.regime.tolist()[0] == "I" and table.regime.tolist()[-1] == "V"
+    table = size_phases(prof, ns=[1, 2, 5, 11, 30])
+    assert "III" not in set(table.phase)
+    assert table.phase.tolist()[0] == "I" and table.phase.tolist()[-1] == "V"
     with pytest.raises(InputError):
         PiecewiseProfile(p_sink=0.1, p_base=0.01, eta_osc=0.1, omega=1, eta_exp=0.1, t1=5, t2=3, n_keys=10)
-    # a summary row of the profile fit: NaN parameters of absent phases, n_keys in the row
+    # a summary row of the profile fit: NaN parameters of absent segments, n_keys in the row
     row = pd.Series(
         {"p_sink": 0.4, "p_base": 0.02, "eta_osc": np.nan, "omega": np.nan, "eta_exp": np.nan,
          "T1": np.int64(6), "T2": np.int64(6), "n_keys": np.int64(7)}
     )  # fmt: skip
     flat = PiecewiseProfile.from_params(row)
     assert (flat.eta_osc, flat.omega, flat.eta_exp, flat.n_keys) == (0.0, 0.0, 0.0, 7)
-    assert regimes_of_n(flat).regime.tolist() == ["I", "IV", "IV", "IV", "IV", "IV", "V"]
+    assert size_phases(flat).phase.tolist() == ["I", "IV", "IV", "IV", "IV", "IV", "V"]
 
 
 # ----------------------------------------------------------------------------- observer
@@ -514,7 +514,7 @@ def _fake_batch():
 
 
 def test_observer_table_matches_bounds_and_joins_separability():
-    from tl_geometry.analysis import SeparabilityObserver
+    from tl_geometry.observers import SeparabilityObserver
 
     info, batch = _fake_batch()
     obs = BoundsObserver(info, ns="log", kappa=0.5)

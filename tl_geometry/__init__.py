@@ -9,10 +9,8 @@ Attention" under the definitions of SPEC.md. Start with::
     result.separability
 """
 
-from . import corpus, diagnostics, plot, report, taxonomy, vis
+from . import corpus, diagnostics, plot, report, taxonomy, theory, vis
 from .analysis import AnalysisResult, analyze, corpus_tokens, load_result
-from .bounds import Bounds, SimilarityModel, bounds, f_bound
-from .bounds_observer import BoundsObserver, envelopes, join_bounds
 from .diagnostics import (
     AttentionProfileFit,
     DiagnosticsObserver,
@@ -24,8 +22,8 @@ from .diagnostics import (
     value_norm_stats,
 )
 from .errors import InputError, ModelError, TLGeometryError
-from .regimes_of_n import PiecewiseProfile, regime_boundaries, regimes_of_n
 from .models import DEFAULT_MODEL, ModelInfo, describe_model, kv_head_index, load_model
+from .observers import Observer, RowObserver, SeparabilityObserver
 from .selection import log_spaced_ns
 from .taxonomy import (
     ClassificationStability,
@@ -43,6 +41,18 @@ from .taxonomy import (
     sink_effect,
 )
 from .separability import PrecisionRecallAtRadius, Separability, precision_recall_at_radius, separability
+from .theory import (
+    Bounds,
+    BoundsObserver,
+    PiecewiseProfile,
+    SimilarityModel,
+    bounds,
+    envelopes,
+    f_bound,
+    join_bounds,
+    phase_boundaries,
+    size_phases,
+)
 
 __version__ = "0.1.0"
 
@@ -82,8 +92,12 @@ __all__ = [
     "envelopes",
     "f_bound",
     "join_bounds",
-    "regime_boundaries",
-    "regimes_of_n",
+    "phase_boundaries",
+    "size_phases",
+    "theory",
+    "Observer",
+    "RowObserver",
+    "SeparabilityObserver",
     "DEFAULT_MODEL",
     "InputError",
     "ModelError",

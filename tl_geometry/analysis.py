@@ -19,8 +19,6 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .bounds import RhoLike
-from .bounds_observer import BoundsObserver, envelopes, join_bounds
 from .capture import resolve_query_positions, run_streaming
 from .diagnostics import DiagnosticsObserver
 from .taxonomy import TaxonomyObserver, classify_heads, rho0_table, sink_effect
@@ -28,33 +26,13 @@ from .corpus import Corpus, TokenCorpus, from_texts, from_tokens
 from .errors import InputError
 from .models import ModelInfo, describe_model, load_model
 from .selection import NsLike, resolve_ns
-from .separability import separability
-from .tables import KEY_COLUMNS, RowMetricsObserver, empty_table
-
-_METRICS = ["precision", "recall", "r_min", "r_max", "f_at_rmax", "f_at_rmin"]
-#: Columns of ``AnalysisResult.separability`` (before any bound columns).
-SEPARABILITY_COLUMNS = KEY_COLUMNS + _METRICS
-
-
-class SeparabilityObserver(RowMetricsObserver):
-    """Computes :func:`tl_geometry.separability` for every head and chosen query row of a layer.
-
-    Keeps only the ``[batch, head, n]`` results (float64) of each layer and query position.
-    """
-
-    columns = _METRICS
-
-    def __init__(self, info: ModelInfo, ns: NsLike, dtype: torch.dtype = torch.float64) -> None:
-        super().__init__(info, ns)
-        self.dtype = dtype
-
-    def metrics(self, weights: Tensor, values: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        res = separability(weights, values, self.ns, dtype=self.dtype)
-        return res.ns, {name: getattr(res, name) for name in _METRICS}
-
+from .observers import SEPARABILITY_METRICS, Observer, RowObserver, SeparabilityObserver
+from .tables import empty_table
+from .theory.bounds import RhoLike
+from .theory.observer import BoundsObserver, envelopes, join_bounds
 
 def _empty_separability() -> pd.DataFrame:
-    return empty_table(_METRICS)
+    return empty_table(SEPARABILITY_METRICS)
 
 
 @dataclass
@@ -101,13 +79,13 @@ class AnalysisResult:
 
     def mean_by_n(self) -> pd.DataFrame:
         """Mean precision, recall and F-scores per ``N`` over every sequence, layer, head and query."""
-        return self.separability.groupby("n")[_METRICS].mean().reset_index()
+        return self.separability.groupby("n")[SEPARABILITY_METRICS].mean().reset_index()
 
     def envelopes(self, by: Sequence[str] = ("n",)) -> pd.DataFrame:
         """Per ``N``: mean precision / recall, the mean envelopes, and the share of rows inside.
 
         Needs ``analyze(..., bounds=True)``. Aggregates over every sequence, layer, head and query
-        position (see :func:`tl_geometry.bounds_observer.envelopes` for the columns).
+        position (see :func:`tl_geometry.theory.observer.envelopes` for the columns).
         """
         if "precision_lower" not in self.separability:
             raise InputError("this result has no bounds: run tlg.analyze(..., bounds=True) first")
@@ -242,7 +220,7 @@ def analyze(
         The theorems' unnamed concentration constant (used with ``bounds=True``).
     rho : "measured", SimilarityModel or ("model", beta, rho_0), default "measured"
         Source of the cosines in the bounds: the values' own cosines, or the assumption model
-        ``exp(-beta |j-k|)`` with ``rho_0`` to the sink (see :func:`tl_geometry.bounds`).
+        ``exp(-beta |j-k|)`` with ``rho_0`` to the sink (see :func:`tl_geometry.theory.bounds.bounds`).
     out_dir : str or Path, optional
         If given, results are appended to ``out_dir/separability/`` after every batch, and an
         interrupted run with the same arguments resumes from what was written (``resume=True``).
@@ -285,18 +263,22 @@ def analyze(
         "taxonomy": taxonomy,
     }
     store = _ResultStore(Path(out_dir), config, resume) if out_dir is not None else None
-    observer = SeparabilityObserver(info, ns, dtype)
-    bounds_observer = BoundsObserver(info, ns, kappa, dtype, rho) if bounds else None
+    # observers whose rows are taken after every batch (separability first, then the bounds)
+    row_observers: list[RowObserver] = [SeparabilityObserver(info, ns, dtype)]
+    if bounds:
+        row_observers.append(BoundsObserver(info, ns, kappa, dtype, rho))
     # observers that accumulate over sequences; their state is saved with every batch
-    accumulators: dict[str, Any] = {}
-    if diagnostics:
-        accumulators["diagnostics"] = DiagnosticsObserver(info, k_max=k_max)
-    if taxonomy:
-        accumulators["taxonomy"] = TaxonomyObserver(info, ns, dtype)
+    accumulators: dict[str, Observer] = {}
+    diag = DiagnosticsObserver(info, k_max=k_max) if diagnostics else None
+    tax = TaxonomyObserver(info, ns, dtype) if taxonomy else None
+    if diag is not None:
+        accumulators["diagnostics"] = diag
+    if tax is not None:
+        accumulators["taxonomy"] = tax
     if store:
         for name, state in store.load_states().items():
             accumulators[name].load_state_dict(state)
-    observers = [observer, *([bounds_observer] if bounds_observer else []), *accumulators.values()]
+    observers: list[Observer] = [*row_observers, *accumulators.values()]
     done = store.done_seqs() if store else set()
     todo = [i for i in range(tokens.shape[0]) if i not in done]
     kept: list[pd.DataFrame] = []
@@ -312,9 +294,9 @@ def analyze(
         for b0 in range(0, len(todo), batch_size):
             ids = torch.tensor(todo[b0 : b0 + batch_size], dtype=torch.int64)
             run_streaming(model, info, tokens[ids], ids, layer_list, queries, observers, add_time)
-            table = observer.take()
-            if bounds_observer is not None:
-                table = join_bounds(table, bounds_observer.take())
+            table = row_observers[0].take()
+            for extra_rows in row_observers[1:]:
+                table = join_bounds(table, extra_rows.take())
             if store:
                 store.write(ids.tolist(), table, {name: acc.state_dict() for name, acc in accumulators.items()})
             else:
@@ -325,9 +307,9 @@ def analyze(
     total_s = time.perf_counter() - start
     table = store.read() if store else (pd.concat(kept, ignore_index=True) if kept else _empty_separability())
     table = table.sort_values(["seq", "layer", "head", "query_pos", "n"], kind="stable").reset_index(drop=True)
-    extra = accumulators["diagnostics"].tables().as_dict() if diagnostics else {}
-    if taxonomy:
-        extra["regime_features"] = accumulators["taxonomy"].features()
+    extra = diag.tables().as_dict() if diag is not None else {}
+    if tax is not None:
+        extra["regime_features"] = tax.features()
     return AnalysisResult(
         separability=table,
         model=info,

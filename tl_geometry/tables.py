@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 from torch import Tensor
 
-from .capture import LayerBatch, values_per_head
+from .capture import LayerBatch
 from .errors import InputError
 
 KEY_COLUMNS = ["seq", "layer", "head", "kv_head", "query_pos", "n"]
@@ -40,39 +40,6 @@ def empty_table(float_columns: list[str]) -> pd.DataFrame:
     spec = {c: pd.Series(dtype="int64") for c in KEY_COLUMNS}
     spec.update({c: pd.Series(dtype="float64") for c in float_columns})
     return pd.DataFrame(spec)
-
-
-class RowMetricsObserver:
-    """Base of the observers that compute ``[batch, head, n]`` metrics for every chosen query row.
-
-    A subclass sets :attr:`columns` and implements :meth:`metrics`; this class maps query heads to
-    their key/value heads (SPEC §1), slices each row to its causal keys ``0..q``, and keeps the
-    results as tidy tables until :meth:`take`.
-    """
-
-    columns: list[str] = []
-
-    def __init__(self, info, ns) -> None:
-        self.info = info
-        self.ns = ns
-        self.kv_head_of = info.kv_head_of()
-        self.chunks: list[pd.DataFrame] = []
-
-    def metrics(self, weights: Tensor, values: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """``weights [b, h, K]``, ``values [b, h, K, d]`` -> (``ns``, {column: ``[b, h, n]``})."""
-        raise NotImplementedError
-
-    def observe(self, batch: LayerBatch) -> None:
-        values = values_per_head(batch.values, self.kv_head_of)  # [b, h, L, d]
-        for qi, q in enumerate(batch.query_positions):
-            ns, metrics = self.metrics(batch.weights[:, :, qi, : q + 1], values[:, :, : q + 1])
-            self.chunks.append(head_rows_table(batch, q, ns, self.kv_head_of, metrics))
-
-    def take(self) -> pd.DataFrame:
-        """The rows gathered since the last call, as one DataFrame (and forget them)."""
-        out = pd.concat(self.chunks, ignore_index=True) if self.chunks else empty_table(self.columns)
-        self.chunks = []
-        return out
 
 
 def select_query_pos(table: pd.DataFrame, query_pos: int | None, what: str = "table", hint: str = "") -> pd.DataFrame:

@@ -1,7 +1,7 @@
 """``DiagnosticsObserver``: the three assumption diagnostics of SPEC §3, layer by layer, streamed.
 
 It plugs into :func:`tl_geometry.capture.run_streaming` like
-:class:`tl_geometry.analysis.SeparabilityObserver`. For every layer it keeps only mergeable
+:class:`tl_geometry.observers.SeparabilityObserver`. For every layer it keeps only mergeable
 accumulators (a few ``[kv_head, L]`` / ``[kv_head, k_max]`` / ``[head, K]`` sums), so memory does
 not grow with the number of sequences, and two observers (other batches, other machines, or a
 saved state) merge into exactly what one observer seeing every sequence would hold.

@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..bounds_observer import envelopes as envelope_table
+from ..theory.observer import envelopes as envelope_table
 from ..errors import InputError
 from ._common import BOUNDS, N_AXIS, as_array, base_layout, get_table, select_query
 from .colors import LOWER_COLOR, MEASURED_COLOR, METRIC_COLORS, UPPER_COLOR

@@ -1,7 +1,7 @@
 """``TaxonomyObserver``: the regime features of every head, streamed layer by layer (SPEC §5).
 
 It plugs into :func:`tl_geometry.capture.run_streaming` beside
-:class:`tl_geometry.analysis.SeparabilityObserver`. Per layer it computes the per-row features
+:class:`tl_geometry.observers.SeparabilityObserver`. Per layer it computes the per-row features
 of every head and chosen query row (:func:`~tl_geometry.taxonomy.features.row_features`), adds
 them to running sums over sequences, and drops them: memory holds a few ``[head, n]`` sums per
 layer, whatever the number of sequences.
@@ -64,7 +64,7 @@ class TaxonomyObserver:
 
     Examples
     --------
-    >>> from tl_geometry.analysis import SeparabilityObserver
+    >>> from tl_geometry.observers import SeparabilityObserver
     >>> from tl_geometry.capture import run_streaming
     >>> sep, tax = SeparabilityObserver(info, "log"), TaxonomyObserver(info, "log")
     >>> run_streaming(model, info, tokens, torch.arange(len(tokens)), range(info.n_layers), (511,), [sep, tax])
@@ -135,14 +135,15 @@ class TaxonomyObserver:
         """
         return {"version": _STATE_VERSION, "settings": self._settings(), "accumulator": self.acc.state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
-        """Replace the sums with those of :meth:`state_dict` (same model and ``ns`` required)."""
+    def load_state_dict(self, state: dict) -> "TaxonomyObserver":
+        """Replace the sums with those of :meth:`state_dict` (same model and ``ns`` required); returns ``self``."""
         if state.get("version") != _STATE_VERSION or state.get("settings") != self._settings():
             raise InputError(
                 f"this taxonomy state was saved with other settings ({state.get('settings')}); "
                 f"expected {self._settings()}"
             )
         self.acc = FeatureAccumulator.from_state_dict(state["accumulator"])
+        return self
 
     def _settings(self) -> dict:
         ns = self.ns if isinstance(self.ns, (str, type(None))) else [int(n) for n in self.ns]

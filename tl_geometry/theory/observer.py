@@ -1,8 +1,8 @@
 """Envelopes of Theorems 1-2 inside the streaming analysis: an observer and the comparison table.
 
-* :class:`BoundsObserver` computes :func:`tl_geometry.bounds.bounds` for every head and chosen
-  query row of a layer (a :class:`~tl_geometry.capture.LayerObserver`), in the same row order as
-  :class:`~tl_geometry.analysis.SeparabilityObserver`, so the two tables join on
+* :class:`BoundsObserver` computes :func:`tl_geometry.theory.bounds.bounds` for every head and chosen
+  query row of a layer (a :class:`~tl_geometry.observers.RowObserver`), in the same row order as
+  :class:`~tl_geometry.observers.SeparabilityObserver`, so the two tables join on
   ``seq, layer, head, kv_head, query_pos, n``.
 * :func:`join_bounds` adds the bound columns to a separability table.
 * :func:`envelopes` compares, per ``N``, the measured precision / recall with the envelopes.
@@ -15,11 +15,12 @@ from typing import Sequence
 import pandas as pd
 import torch
 
+from ..errors import InputError
+from ..models import ModelInfo
+from ..observers import RowMetricsObserver
+from ..selection import NsLike
+from ..tables import KEY_COLUMNS
 from .bounds import BOUND_FIELDS, F_BOUND_FIELDS, RhoLike, bounds, resolve_rho
-from .errors import InputError
-from .models import ModelInfo
-from .selection import NsLike
-from .tables import KEY_COLUMNS, RowMetricsObserver
 
 BOUND_COLUMNS = [
     "precision_lower", "precision_upper", "recall_lower", "recall_upper",
@@ -41,7 +42,7 @@ class BoundsObserver(RowMetricsObserver):
         The concentration constant (stored in ``attrs["kappa"]`` of every table it returns).
     dtype : torch.dtype, default torch.float64
     rho : "measured" (default), SimilarityModel or ("model", beta, rho_0)
-        Source of the cosines (see :func:`tl_geometry.bounds.bounds`).
+        Source of the cosines (see :func:`tl_geometry.theory.bounds.bounds`).
 
     Use it as one of the observers of :func:`tl_geometry.capture.run_streaming`, then
     :meth:`take` the table (columns :data:`BOUNDS_COLUMNS`, one row per
@@ -63,6 +64,9 @@ class BoundsObserver(RowMetricsObserver):
         self.kappa = kappa
         self.dtype = dtype
         self.rho = rho
+
+    def settings(self) -> dict:
+        return {**super().settings(), "kappa": float(self.kappa), "rho": str(self.rho), "dtype": str(self.dtype)}
 
     def metrics(self, weights: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         res = bounds(weights, values, self.ns, self.kappa, rho=self.rho, dtype=self.dtype)

@@ -66,10 +66,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ._typing import typechecked
-from .errors import InputError
-from .selection import NsLike, resolve_ns
-from .separability import check_row_inputs
+from .._typing import typechecked
+from ..errors import InputError
+from ..selection import NsLike, resolve_ns
+from ..separability import check_row_inputs
 
 #: Working-set size of one block of ``[rows, sizes, keys]`` tensors (a tuning knob only).
 DEFAULT_BLOCK_BYTES = 16 << 20

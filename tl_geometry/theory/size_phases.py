@@ -1,4 +1,4 @@
-"""Regimes of the selection size N under the piecewise attention profile (paper Table 2).
+"""Phases of the selection size N under the piecewise attention profile (paper Table 2).
 
 The profile of Assumption 3 (SPEC §3, with the two ``eta`` fitted separately) over ``K`` keys::
 
@@ -7,8 +7,8 @@ The profile of Assumption 3 (SPEC §3, with the two ``eta`` fitted separately) o
     alpha_i = p_base (1 + eta_osc cos(omega i))        T1 < i <= T2     (oscillation)
     alpha_i = p_base exp(eta_exp (i - T2))             i > T2           (exponential tail)
 
-Every key gets a *phase*: ``sink`` (i = 0), ``plateau`` (1..T1), ``peak`` (oscillatory key with
-``alpha_i > p_base``), ``valley`` (oscillatory key with ``alpha_i <= p_base``) and ``tail``
+Every key falls in a *segment*: ``sink`` (i = 0), ``plateau`` (1..T1), ``peak`` (oscillatory key
+with ``alpha_i > p_base``), ``valley`` (oscillatory key with ``alpha_i <= p_base``) and ``tail``
 (i > T2). ``I_N`` is the first ``N`` keys of the profile sorted like every attention row
 (weight descending, ties to the lower key index; SPEC §2), and ``rank(i)`` is the 0-based
 position of key ``i`` in that order, so key ``i`` is in ``I_N`` iff ``N > rank(i)``.
@@ -24,11 +24,12 @@ Boundaries (all in ``1..K+1``; ``K + 1`` means "never"):
   first ``N`` whose ``I_N`` holds the whole plateau, every peak and the whole tail above
   ``p_base``; from there only valleys (and sub-``p_base`` tail keys) remain to enter.
 
-Regimes (Table 2): ``I`` for ``N = 1`` (whatever the top key: every statistic is 1); ``II``
-for ``1 < N < m1`` (sink + top of the tail); ``III`` for ``m1 <= N < m2`` (oscillatory peaks
-enter); ``IV`` for ``m2 <= N < m3`` (the plateau ``1..T1`` and the first valleys enter,
-``alpha_(N) ~ p_base``, a jump in ``S_in``); ``V`` for ``N >= m3`` (all oscillations and the
-tail are in; small ``alpha_(N)``, large ``S_in``). A regime can be empty.
+Phases of ``N`` (the paper's "regimes" of Table 2; here "regime" is kept for the head taxonomy):
+``I`` for ``N = 1`` (whatever the top key: every statistic is 1); ``II`` for ``1 < N < m1``
+(sink + top of the tail); ``III`` for ``m1 <= N < m2`` (oscillatory peaks enter); ``IV`` for
+``m2 <= N < m3`` (the plateau ``1..T1`` and the first valleys enter, ``alpha_(N) ~ p_base``, a
+jump in ``S_in``); ``V`` for ``N >= m3`` (all oscillations and the tail are in; small
+``alpha_(N)``, large ``S_in``). A phase can be empty.
 """
 
 from __future__ import annotations
@@ -43,11 +44,13 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .errors import InputError
-from .selection import NsLike, resolve_ns
+from ..errors import InputError
+from ..selection import NsLike, resolve_ns
 
-PHASES = ("sink", "plateau", "peak", "valley", "tail")
-REGIMES = ("I", "II", "III", "IV", "V")
+#: Segments of the profile a key can fall in.
+SEGMENTS = ("sink", "plateau", "peak", "valley", "tail")
+#: Phases of ``N`` (Table 2), in order of increasing ``N``.
+PHASES = ("I", "II", "III", "IV", "V")
 
 
 @dataclass(frozen=True)
@@ -97,8 +100,8 @@ class PiecewiseProfile:
         Reads ``p_sink``, ``p_base``, ``omega``, ``t1``/``T1``, ``t2``/``T2``, ``eta_osc`` and
         ``eta_exp`` (either may be replaced by a single tied ``eta``, the paper's form), and
         ``n_keys`` when not given. A NaN ``eta_osc``/``omega`` (no oscillation, ``T1 = T2``) or
-        ``eta_exp`` (no recency phase, ``T2 = K - 1``) is read as 0, which is exact since that
-        phase holds no key (the row summaries of :mod:`tl_geometry.diagnostics` use NaN so).
+        ``eta_exp`` (no recency segment, ``T2 = K - 1``) is read as 0, which is exact since that
+        segment holds no key (the row summaries of :mod:`tl_geometry.diagnostics` use NaN so).
         """
 
         def get(*names: str) -> Any:
@@ -146,8 +149,8 @@ class PiecewiseProfile:
         total = float(self.weights().sum())
         return replace(self, p_sink=self.p_sink / total, p_base=self.p_base / total)
 
-    def phases(self) -> np.ndarray:
-        """Phase name of every key (``sink, plateau, peak, valley, tail``), shape [K]."""
+    def segments(self) -> np.ndarray:
+        """Segment name of every key (``sink, plateau, peak, valley, tail``), shape [K]."""
         i = np.arange(self.n_keys)
         alpha = self.weights().numpy()
         out = np.full(self.n_keys, "plateau", dtype=object)
@@ -166,17 +169,17 @@ def _ranks(profile: PiecewiseProfile) -> np.ndarray:
     return rank
 
 
-def regime_boundaries(profile: PiecewiseProfile) -> tuple[int, int, int]:
+def phase_boundaries(profile: PiecewiseProfile) -> tuple[int, int, int]:
     """``(m1, m2, m3)`` of Table 2 as defined in the module docstring."""
     k_keys = profile.n_keys
     rank = _ranks(profile)
     alpha = profile.weights().numpy()
-    phase = profile.phases()
+    segment = profile.segments()
     content = np.arange(k_keys) >= 1
     never = k_keys + 1
     at_or_below = content & (alpha <= profile.p_base)
     m2 = int(rank[at_or_below].min()) + 1 if at_or_below.any() else never
-    peaks = phase == "peak"
+    peaks = segment == "peak"
     m1 = min(int(rank[peaks].min()) + 1, m2) if peaks.any() else m2
     at_or_above = content & (alpha >= profile.p_base)
     m3 = max(m2, int(rank[at_or_above].max()) + 1) if at_or_above.any() else m2
@@ -184,8 +187,8 @@ def regime_boundaries(profile: PiecewiseProfile) -> tuple[int, int, int]:
     return m1, m2, m3
 
 
-def regimes_of_n(profile: PiecewiseProfile, ns: NsLike = None) -> pd.DataFrame:
-    """Label every ``N`` with its regime (Table 2) and count the phases ``I_N`` draws from.
+def size_phases(profile: PiecewiseProfile, ns: NsLike = None) -> pd.DataFrame:
+    """Label every ``N`` with its phase (Table 2) and count the segments ``I_N`` draws from.
 
     Parameters
     ----------
@@ -196,20 +199,20 @@ def regimes_of_n(profile: PiecewiseProfile, ns: NsLike = None) -> pd.DataFrame:
     Returns
     -------
     DataFrame
-        One row per ``N``: ``n``, ``regime`` (``I``..``V``), ``alpha_n`` (the ``N``-th largest
-        weight), ``n_sink, n_plateau, n_peak, n_valley, n_tail`` (how many keys of each phase
+        One row per ``N``: ``n``, ``phase`` (``I``..``V``), ``alpha_n`` (the ``N``-th largest
+        weight), ``n_sink, n_plateau, n_peak, n_valley, n_tail`` (how many keys of each segment
         ``I_N`` holds). ``attrs["m1"], attrs["m2"], attrs["m3"]`` hold the boundaries.
     """
     ns_t = resolve_ns(ns, profile.n_keys).numpy()
-    m1, m2, m3 = regime_boundaries(profile)
+    m1, m2, m3 = phase_boundaries(profile)
     rank = _ranks(profile)
-    phase = profile.phases()
+    segment = profile.segments()
     sorted_alpha = np.sort(profile.weights().numpy())[::-1]
-    regime = np.select([ns_t == 1, ns_t < m1, ns_t < m2, ns_t < m3], ["I", "II", "III", "IV"], default="V")
-    cols: dict[str, Any] = {"n": ns_t, "regime": regime, "alpha_n": sorted_alpha[ns_t - 1]}
-    for name in PHASES:
-        ranks_of_phase = np.sort(rank[phase == name])
-        cols[f"n_{name}"] = np.searchsorted(ranks_of_phase, ns_t, side="left")  # #{rank < N}
+    phase = np.select([ns_t == 1, ns_t < m1, ns_t < m2, ns_t < m3], ["I", "II", "III", "IV"], default="V")
+    cols: dict[str, Any] = {"n": ns_t, "phase": phase, "alpha_n": sorted_alpha[ns_t - 1]}
+    for name in SEGMENTS:
+        ranks_of_segment = np.sort(rank[segment == name])
+        cols[f"n_{name}"] = np.searchsorted(ranks_of_segment, ns_t, side="left")  # #{rank < N}
     out = pd.DataFrame(cols)
     out.attrs.update({"m1": m1, "m2": m2, "m3": m3})
     return out

@@ -1,0 +1,188 @@
+"""Observers: what :func:`tl_geometry.capture.run_streaming` feeds, layer by layer.
+
+Every observer of the package follows one protocol, :class:`Observer`:
+
+* ``observe(batch)`` adds one :class:`~tl_geometry.capture.LayerBatch` (one layer of one forward
+  pass);
+* ``merge(other)`` adds another observer's content (other sequences, same settings) in place and
+  returns ``self``;
+* ``state_dict()`` returns everything held so far as plain tensors, numbers, strings, lists and
+  dicts (``torch.save``-able), and ``load_state_dict(state)`` puts it back (returns ``self``).
+
+Two kinds exist. *Accumulators* (:class:`~tl_geometry.diagnostics.DiagnosticsObserver`,
+:class:`~tl_geometry.taxonomy.TaxonomyObserver`) keep running sums over sequences; their
+``state_dict`` is what :func:`tl_geometry.analyze` saves after every batch to resume.
+*Row observers* (:class:`RowObserver`: :class:`SeparabilityObserver`,
+:class:`~tl_geometry.theory.observer.BoundsObserver`) compute one row per
+``(seq, layer, head, query_pos, n)`` and hand them over with ``take()``, which empties them.
+:class:`RowMetricsObserver` is the base of the row observers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from .capture import LayerBatch, values_per_head
+from .errors import InputError
+from .models import ModelInfo
+from .selection import NsLike
+from .separability import separability
+from .tables import KEY_COLUMNS, empty_table, head_rows_table
+
+#: Metric columns of the separability table, after :data:`~tl_geometry.tables.KEY_COLUMNS`.
+SEPARABILITY_METRICS = ["precision", "recall", "r_min", "r_max", "f_at_rmax", "f_at_rmin"]
+
+_ROW_STATE_VERSION = 1
+
+
+@runtime_checkable
+class Observer(Protocol):
+    """The protocol every observer follows (see the module docstring)."""
+
+    def observe(self, batch: LayerBatch) -> None: ...
+
+    def merge(self, other: Any) -> Any: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> Any: ...
+
+
+@runtime_checkable
+class RowObserver(Observer, Protocol):
+    """An :class:`Observer` that gives its rows away: ``take()`` returns them and forgets them."""
+
+    def take(self) -> pd.DataFrame: ...
+
+
+class RowMetricsObserver:
+    """Base of the observers that compute ``[batch, head, n]`` metrics for every chosen query row.
+
+    A subclass sets :attr:`columns` and implements :meth:`metrics` (and :meth:`settings` when it
+    has settings beyond ``ns``); this class maps query heads to their key/value heads (SPEC §1),
+    slices each row to its causal keys ``0..q``, and keeps the results as tidy tables until
+    :meth:`take`.
+
+    Parameters
+    ----------
+    info : ModelInfo
+        The model's geometry.
+    ns : None, "all", "log" or list of int
+        Selection sizes, resolved per query row (``K = q + 1`` keys).
+    """
+
+    columns: list[str] = []
+
+    def __init__(self, info: ModelInfo, ns: NsLike) -> None:
+        self.info = info
+        self.ns = ns
+        self.kv_head_of = info.kv_head_of()
+        self.chunks: list[pd.DataFrame] = []
+
+    def metrics(self, weights: Tensor, values: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """``weights [b, h, K]``, ``values [b, h, K, d]`` -> (``ns``, {column: ``[b, h, n]``})."""
+        raise NotImplementedError
+
+    def settings(self) -> dict:
+        """What must agree for two observers' rows to be merged (the model geometry and ``ns``)."""
+        ns = self.ns if isinstance(self.ns, (str, type(None))) else [int(n) for n in self.ns]
+        return {"kind": type(self).__name__, "n_heads": self.info.n_heads, "n_kv_heads": self.info.n_kv_heads, "ns": ns}
+
+    def observe(self, batch: LayerBatch) -> None:
+        """Add the rows of one layer of one forward pass."""
+        values = values_per_head(batch.values, self.kv_head_of)  # [b, h, L, d]
+        for qi, q in enumerate(batch.query_positions):
+            ns, metrics = self.metrics(batch.weights[:, :, qi, : q + 1], values[:, :, : q + 1])
+            self.chunks.append(head_rows_table(batch, q, ns, self.kv_head_of, metrics))
+
+    def take(self) -> pd.DataFrame:
+        """The rows gathered since the last call, as one DataFrame (and forget them)."""
+        out = pd.concat(self.chunks, ignore_index=True) if self.chunks else empty_table(self.columns)
+        self.chunks = []
+        return out
+
+    def merge(self, other: "RowMetricsObserver") -> "RowMetricsObserver":
+        """Append ``other``'s rows not yet taken (same settings required); returns ``self``."""
+        if other.settings() != self.settings():
+            raise InputError(f"cannot merge {type(self).__name__}s of different settings: {other.settings()}")
+        self.chunks.extend(other.chunks)
+        other.chunks = []
+        return self
+
+    def state_dict(self) -> dict:
+        """The rows not yet taken, as ``{column: numpy array}``, with the settings."""
+        rows = pd.concat(self.chunks, ignore_index=True) if self.chunks else empty_table(self.columns)
+        return {
+            "version": _ROW_STATE_VERSION,
+            "settings": self.settings(),
+            "rows": {c: rows[c].to_numpy() for c in rows.columns},
+        }
+
+    def load_state_dict(self, state: dict) -> "RowMetricsObserver":
+        """Replace the rows not yet taken by those of :meth:`state_dict` (same settings)."""
+        if state.get("version") != _ROW_STATE_VERSION or state.get("settings") != self.settings():
+            raise InputError(
+                f"this {type(self).__name__} state was saved with other settings ({state.get('settings')}); "
+                f"expected {self.settings()}"
+            )
+        rows = pd.DataFrame(state["rows"])
+        self.chunks = [rows] if len(rows) else []
+        return self
+
+
+class SeparabilityObserver(RowMetricsObserver):
+    """Computes :func:`tl_geometry.separability` for every head and chosen query row of a layer.
+
+    One row per ``(seq, layer, head, query_pos, n)`` with the columns :data:`KEY_COLUMNS` and
+    :data:`SEPARABILITY_METRICS` (float64), as in ``AnalysisResult.separability``.
+
+    Parameters
+    ----------
+    info : ModelInfo
+        The model's geometry.
+    ns : None, "all", "log" or list of int
+        Selection sizes, resolved per query row (``K = q + 1`` keys).
+    dtype : torch.dtype, default torch.float64
+        Precision of the computation.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from tl_geometry.capture import LayerBatch
+    >>> from tl_geometry.models import ModelInfo
+    >>> info = ModelInfo("toy", "TransformerBridge", 1, 2, 1, 3, 8, 0, True)
+    >>> weights = torch.tensor([0.1, 0.2, 0.3, 0.4]).expand(1, 2, 1, 4)  # [batch, head, query, key]
+    >>> values = torch.arange(12.0).reshape(1, 4, 1, 3)  # [batch, key, kv_head, d_head]
+    >>> batch = LayerBatch(0, torch.tensor([0]), (3,), weights, values)
+    >>> obs = SeparabilityObserver(info, ns=[1, 4])
+    >>> obs.observe(batch)
+    >>> obs.take()[["head", "n", "precision", "recall"]].to_dict("list")
+    {'head': [0, 0, 1, 1], 'n': [1, 4, 1, 4], 'precision': [1.0, 1.0, 1.0, 1.0], 'recall': [1.0, 1.0, 1.0, 1.0]}
+    """
+
+    columns = SEPARABILITY_METRICS
+
+    def __init__(self, info: ModelInfo, ns: NsLike, dtype: torch.dtype = torch.float64) -> None:
+        super().__init__(info, ns)
+        self.dtype = dtype
+
+    def settings(self) -> dict:
+        return {**super().settings(), "dtype": str(self.dtype)}
+
+    def metrics(self, weights: Tensor, values: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        res = separability(weights, values, self.ns, dtype=self.dtype)
+        return res.ns, {name: getattr(res, name) for name in SEPARABILITY_METRICS}
+
+
+__all__ = [
+    "KEY_COLUMNS",
+    "Observer",
+    "RowMetricsObserver",
+    "RowObserver",
+    "SEPARABILITY_METRICS",
+    "SeparabilityObserver",
+]
