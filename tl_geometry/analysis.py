@@ -19,20 +19,23 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .capture import resolve_query_positions, run_streaming
-from .diagnostics import DiagnosticsObserver
-from .taxonomy import TaxonomyObserver, classify_heads, rho0_table, sink_effect
+from ._files import write_atomic, write_json_atomic
+from .capture import run_streaming
 from .corpus import Corpus, TokenCorpus, from_texts, from_tokens
+from .diagnostics import DiagnosticsObserver
 from .errors import InputError
 from .models import ModelInfo, describe_model, load_model
-from .selection import NsLike, resolve_ns
 from .observers import SEPARABILITY_METRICS, Observer, RowObserver, SeparabilityObserver
-from .tables import empty_table
+from .selection import NsLike
+from .settings import AnalysisSettings
+from .store import RunStore, run_identity
+from .tables import KEY_COLUMNS, empty_table
+from .taxonomy import TaxonomyObserver, classify_heads, rho0_table, sink_effect
 from .theory.bounds import RhoLike
-from .theory.observer import BoundsObserver, envelopes, join_bounds
+from .theory.observer import BoundsObserver, envelopes
 
-def _empty_separability() -> pd.DataFrame:
-    return empty_table(SEPARABILITY_METRICS)
+#: Version of the layout :meth:`AnalysisResult.save` writes (recorded in ``result.json``).
+RESULT_FORMAT = 1
 
 
 @dataclass
@@ -123,16 +126,15 @@ class AnalysisResult:
 
     def save(self, directory: str | Path) -> Path:
         """Write every table as ``NAME.parquet``, the windows as ``tokens.npy`` and the rest as
-        ``result.json`` into ``directory`` (created if needed); :func:`load_result` reads it back."""
+        ``result.json`` (with the format version) into ``directory`` (created if needed);
+        :func:`load_result` reads it back. ``result.json`` is written last."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         for name, table in self.tables().items():
-            tmp = out / f"{name}.parquet.tmp"
-            table.to_parquet(tmp, index=False)
-            tmp.replace(out / f"{name}.parquet")
-        np.save(out / "tokens.npy", self.tokens.cpu().numpy())
-        meta = {"model": asdict(self.model), "config": self.config, "timings": self.timings}
-        (out / "result.json").write_text(json.dumps(meta, indent=2, default=str))
+            write_atomic(out / f"{name}.parquet", lambda p, t=table: t.to_parquet(p, index=False))
+        write_atomic(out / "tokens.npy", lambda p: np.save(p.open("wb"), self.tokens.cpu().numpy()))
+        meta = {"format": RESULT_FORMAT, "model": asdict(self.model), "config": self.config, "timings": self.timings}
+        write_json_atomic(out / "result.json", meta)
         return out
 
     def __repr__(self) -> str:
@@ -144,20 +146,48 @@ class AnalysisResult:
 
 
 def load_result(directory: str | Path) -> AnalysisResult:
-    """Read an :class:`AnalysisResult` written by :meth:`AnalysisResult.save` (or ``tl-geometry run``)."""
+    """Read an :class:`AnalysisResult` written by :meth:`AnalysisResult.save` (or ``tl-geometry run``).
+
+    Raises :class:`InputError` naming the file when ``directory`` holds no result, a result of
+    another format version, or a damaged file.
+    """
     src = Path(directory)
-    if not (src / "result.json").is_file():
-        raise InputError(f"{src} holds no saved result (no result.json): run `tl-geometry run --out {src}` first")
-    meta = json.loads((src / "result.json").read_text())
+    meta = _read_result_json(src)
     names = {f.name for f in fields(AnalysisResult)}
-    tables = {p.name[: -len(".parquet")]: pd.read_parquet(p) for p in sorted(src.glob("*.parquet"))}
+    tables = {p.name[: -len(".parquet")]: p for p in sorted(src.glob("*.parquet"))}
     return AnalysisResult(
         model=ModelInfo(**meta["model"]),
         config=meta["config"],
         timings=meta.get("timings", {}),
-        tokens=torch.from_numpy(np.load(src / "tokens.npy")),
-        **{name: table for name, table in tables.items() if name in names},
+        tokens=torch.from_numpy(_read_saved(src / "tokens.npy", np.load)),
+        **{name: _read_saved(path, pd.read_parquet) for name, path in tables.items() if name in names},
     )
+
+
+def _read_result_json(src: Path) -> dict:
+    file = src / "result.json"
+    if not file.is_file():
+        raise InputError(f"{src} holds no saved result (no result.json): save one with result.save({str(src)!r})")
+    meta = _read_saved(file, lambda p: json.loads(p.read_text()))
+    if not isinstance(meta, dict) or meta.get("format") != RESULT_FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise InputError(
+            f"{file} was written by another version of tl_geometry (format {found}, this one reads "
+            f"{RESULT_FORMAT}): analyse again with this version"
+        )
+    return meta
+
+
+def _read_saved(path: Path, read: Any) -> Any:
+    """``read(path)``, with a missing or damaged file reported as one :class:`InputError`."""
+    if not path.is_file():
+        raise InputError(f"{path} is missing: the saved result in {path.parent} is incomplete; analyse again")
+    try:
+        return read(path)
+    except Exception as exc:  # numpy, pyarrow and json raise many kinds on a truncated file
+        raise InputError(
+            f"{path} is damaged ({type(exc).__name__}): the saved result in {path.parent} cannot be read; analyse again"
+        ) from None
 
 
 def analyze(
@@ -198,7 +228,7 @@ def analyze(
         Layers to analyse (default all). The forward pass stops after the last one.
     batch_size : int, default 4
         Windows per forward pass. Results do not depend on it.
-    dtype : torch.dtype, default torch.float64
+    dtype : torch.float64 or torch.float32, default torch.float64
         Precision of the separability computation.
     diagnostics : bool, default False
         Also accumulate the assumption diagnostics of SPEC §3 (value norms and the sink,
@@ -233,6 +263,73 @@ def analyze(
     -------
     AnalysisResult
     """
+    settings = AnalysisSettings(
+        ns=ns, query_positions=query_positions, layers=layers, batch_size=batch_size, dtype=dtype,
+        diagnostics=diagnostics, k_max=k_max, taxonomy=taxonomy, bounds=bounds, kappa=kappa, rho=rho,
+    )  # fmt: skip
+    plan = plan_analysis(model, corpus, settings)
+    return run_analysis(plan, out_dir=out_dir, resume=resume, progress=progress)
+
+
+@dataclass(frozen=True)
+class AnalysisPlan:
+    """A checked analysis, ready to run: the model, its windows and the settings resolved against them.
+
+    Made by :func:`plan_analysis`; :func:`run_analysis` runs it.
+
+    Attributes
+    ----------
+    model : the TransformerLens model.
+    info : its :class:`ModelInfo`.
+    settings : the :class:`~tl_geometry.settings.AnalysisSettings`.
+    corpus_name : the corpus's name (recorded in ``config``).
+    tokens : int64 tensor [n_seqs, seq_len], the windows.
+    layers : the layers to analyse, sorted.
+    queries : the query positions, sorted, non-negative.
+    """
+
+    model: Any
+    info: ModelInfo
+    settings: AnalysisSettings
+    corpus_name: str
+    tokens: Tensor = field(repr=False)
+    layers: list[int]
+    queries: tuple[int, ...]
+
+    def config(self) -> dict:
+        """``AnalysisResult.config``: corpus, geometry of the windows and the settings as used."""
+        s = self.settings
+        return {
+            "corpus": self.corpus_name,
+            "n_seqs": int(self.tokens.shape[0]),
+            "seq_len": int(self.tokens.shape[1]),
+            "ns": s.ns if isinstance(s.ns, str) else list(s.ns),
+            "query_positions": list(self.queries),
+            "layers": list(self.layers),
+            "dtype": str(s.dtype),
+            "bounds": {"kappa": s.kappa, "rho": str(s.rho)} if s.bounds else None,
+            "diagnostics": {"k_max": s.k_max} if s.diagnostics else None,
+            "taxonomy": s.taxonomy,
+        }
+
+    def identity(self) -> dict[str, Any]:
+        """What a saved run must share to be resumed (see :func:`tl_geometry.store.run_identity`)."""
+        return run_identity(self.model, self.info, self.tokens, self.settings)
+
+
+def plan_analysis(model: Any, corpus: Any, settings: AnalysisSettings) -> AnalysisPlan:
+    """Load the model (when given by name), cut the corpus into windows and check every setting
+    against both; raises :class:`InputError` / :class:`ModelError` before any forward pass.
+
+    Parameters
+    ----------
+    model : TransformerBridge, HookedTransformer or str
+        As for :func:`analyze`.
+    corpus : Corpus, TokenCorpus, str, list of str, or int tensor [n_seqs, seq_len]
+        As for :func:`analyze`.
+    settings : AnalysisSettings
+        Already checked on their own (at construction).
+    """
     model = load_model(model) if isinstance(model, str) else model
     info = describe_model(model)
     corpus = _as_corpus(corpus, default_seq_len=min(512, info.n_ctx))
@@ -241,82 +338,109 @@ def analyze(
             f"seq_len={corpus.seq_len} is longer than the model's context of {info.n_ctx} tokens; "
             f"use seq_len <= {info.n_ctx}"
         )
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
-    layer_list = _resolve_layers(layers, info.n_layers)
-    queries = resolve_query_positions(query_positions, corpus.seq_len)
-    for q in queries:  # validate ns against every row length before running anything
-        resolve_ns(ns, q + 1)
-
+    layers, queries = settings.resolve(info.n_layers, corpus.seq_len)
     tokens = corpus_tokens(model, corpus, info)
+    return AnalysisPlan(model, info, settings, corpus.name, tokens, layers, queries)
 
-    config = {
-        "corpus": corpus.name,
-        "n_seqs": int(tokens.shape[0]),
-        "seq_len": int(tokens.shape[1]),
-        "ns": ns if isinstance(ns, (str, type(None))) else [int(n) for n in ns],
-        "query_positions": list(queries),
-        "layers": layer_list,
-        "dtype": str(dtype),
-        "bounds": {"kappa": float(kappa), "rho": str(rho)} if bounds else None,
-        "diagnostics": {"k_max": k_max} if diagnostics else None,
-        "taxonomy": taxonomy,
-    }
-    store = _ResultStore(Path(out_dir), config, resume) if out_dir is not None else None
-    # observers whose rows are taken after every batch (separability first, then the bounds)
-    row_observers: list[RowObserver] = [SeparabilityObserver(info, ns, dtype)]
-    if bounds:
-        row_observers.append(BoundsObserver(info, ns, kappa, dtype, rho))
-    # observers that accumulate over sequences; their state is saved with every batch
-    accumulators: dict[str, Observer] = {}
-    diag = DiagnosticsObserver(info, k_max=k_max) if diagnostics else None
-    tax = TaxonomyObserver(info, ns, dtype) if taxonomy else None
-    if diag is not None:
-        accumulators["diagnostics"] = diag
-    if tax is not None:
-        accumulators["taxonomy"] = tax
-    if store:
-        for name, state in store.load_states().items():
-            accumulators[name].load_state_dict(state)
-    observers: list[Observer] = [*row_observers, *accumulators.values()]
-    done = store.done_seqs() if store else set()
-    todo = [i for i in range(tokens.shape[0]) if i not in done]
-    kept: list[pd.DataFrame] = []
-    analysis_s = 0.0
 
-    def add_time(seconds: float) -> None:
-        nonlocal analysis_s
-        analysis_s += seconds
-
+def run_analysis(
+    plan: AnalysisPlan, out_dir: str | Path | None = None, *, resume: bool = True, progress: bool = True
+) -> AnalysisResult:
+    """Run a checked :class:`AnalysisPlan`; ``out_dir``, ``resume`` and ``progress`` as for :func:`analyze`."""
+    store = RunStore(out_dir, plan.identity(), resume=resume) if out_dir is not None else None
+    wiring = _Wiring.build(plan)
+    if store is not None:
+        wiring.load_states(store.states)
+    done = store.done_seqs() if store is not None else set()
+    todo = [i for i in range(plan.tokens.shape[0]) if i not in done]
     start = time.perf_counter()
-    bar = tqdm(total=tokens.shape[0], initial=len(done), desc="sequences", unit="seq", disable=not progress)
+    kept, analysis_s = _run_batches(plan, wiring, store, todo, progress, initial=len(done))
+    total_s = time.perf_counter() - start
+    empty = empty_table(wiring.columns())
+    table = store.read(empty) if store is not None else (pd.concat(kept, ignore_index=True) if kept else empty)
+    timings = {"total_s": total_s, "analysis_s": analysis_s, "forward_s": total_s - analysis_s}
+    return _assemble(plan, wiring, table, timings)
+
+
+@dataclass
+class _Wiring:
+    """The observers of one run: row observers (taken after every batch, joined on the key columns;
+    separability first) and accumulators (whose states are saved after every batch, by name)."""
+
+    rows: list[RowObserver]
+    accumulators: dict[str, Observer]
+    diagnostics: DiagnosticsObserver | None = None
+    taxonomy: TaxonomyObserver | None = None
+
+    @classmethod
+    def build(cls, plan: AnalysisPlan) -> "_Wiring":
+        s, info = plan.settings, plan.info
+        rows: list[RowObserver] = [SeparabilityObserver(info, s.ns, s.dtype)]
+        if s.bounds:
+            rows.append(BoundsObserver(info, s.ns, s.kappa, s.dtype, s.rho))
+        diag = DiagnosticsObserver(info, k_max=s.k_max) if s.diagnostics else None
+        tax = TaxonomyObserver(info, s.ns, s.dtype) if s.taxonomy else None
+        accumulators: dict[str, Observer] = {k: v for k, v in (("diagnostics", diag), ("taxonomy", tax)) if v}
+        return cls(rows, accumulators, diag, tax)
+
+    def all(self) -> list[Observer]:
+        return [*self.rows, *self.accumulators.values()]
+
+    def columns(self) -> list[str]:
+        """The float columns of the joined row table (after the key columns)."""
+        return [c for obs in self.rows for c in getattr(obs, "columns", [])]
+
+    def take_rows(self) -> pd.DataFrame:
+        """The rows of the last batch, every row observer's columns side by side."""
+        table = self.rows[0].take()
+        for obs in self.rows[1:]:
+            extra = obs.take()
+            attrs = {**table.attrs, **extra.attrs}
+            table = table.merge(extra, on=KEY_COLUMNS, how="left", validate="one_to_one")
+            table.attrs = attrs
+        return table
+
+    def states(self) -> dict[str, dict]:
+        return {name: obs.state_dict() for name, obs in self.accumulators.items()}
+
+    def load_states(self, states: dict[str, dict]) -> None:
+        for name, state in states.items():
+            self.accumulators[name].load_state_dict(state)
+
+
+def _run_batches(
+    plan: AnalysisPlan, wiring: _Wiring, store: RunStore | None, todo: list[int], progress: bool, initial: int
+) -> tuple[list[pd.DataFrame], float]:
+    """Forward passes over the windows ``todo`` in batches; each batch's rows are saved to ``store``
+    (with the accumulators' states) or kept. Returns the kept tables and the seconds spent observing."""
+    kept: list[pd.DataFrame] = []
+    spent: list[float] = []  # seconds inside the observers, per layer
+    bar = tqdm(total=plan.tokens.shape[0], initial=initial, desc="sequences", unit="seq", disable=not progress)
     try:
-        for b0 in range(0, len(todo), batch_size):
-            ids = torch.tensor(todo[b0 : b0 + batch_size], dtype=torch.int64)
-            run_streaming(model, info, tokens[ids], ids, layer_list, queries, observers, add_time)
-            table = row_observers[0].take()
-            for extra_rows in row_observers[1:]:
-                table = join_bounds(table, extra_rows.take())
-            if store:
-                store.write(ids.tolist(), table, {name: acc.state_dict() for name, acc in accumulators.items()})
+        for b0 in range(0, len(todo), plan.settings.batch_size):
+            ids = torch.tensor(todo[b0 : b0 + plan.settings.batch_size], dtype=torch.int64)
+            run_streaming(
+                plan.model, plan.info, plan.tokens[ids], ids, plan.layers, plan.queries, wiring.all(), spent.append
+            )
+            table = wiring.take_rows()
+            if store is not None:
+                store.write(ids.tolist(), table, wiring.states())
             else:
                 kept.append(table)
             bar.update(len(ids))
     finally:
         bar.close()
-    total_s = time.perf_counter() - start
-    table = store.read() if store else (pd.concat(kept, ignore_index=True) if kept else _empty_separability())
+    return kept, sum(spent)
+
+
+def _assemble(plan: AnalysisPlan, wiring: _Wiring, table: pd.DataFrame, timings: dict) -> AnalysisResult:
+    """The :class:`AnalysisResult`: the rows in key order and the accumulators' tables."""
     table = table.sort_values(["seq", "layer", "head", "query_pos", "n"], kind="stable").reset_index(drop=True)
-    extra = diag.tables().as_dict() if diag is not None else {}
-    if tax is not None:
-        extra["regime_features"] = tax.features()
+    extra = wiring.diagnostics.tables().as_dict() if wiring.diagnostics is not None else {}
+    if wiring.taxonomy is not None:
+        extra["regime_features"] = wiring.taxonomy.features()
     return AnalysisResult(
-        separability=table,
-        model=info,
-        config=config,
-        tokens=tokens,
-        timings={"total_s": total_s, "analysis_s": analysis_s, "forward_s": total_s - analysis_s},
-        **extra,
+        separability=table, model=plan.info, config=plan.config(), tokens=plan.tokens, timings=timings, **extra
     )
 
 
@@ -331,6 +455,8 @@ def corpus_tokens(model: Any, corpus: Corpus | TokenCorpus, info: ModelInfo | No
     eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
     tokens = corpus.windows(tokenizer, info.bos_token_id, eos)
     vocab = int(getattr(model.cfg, "d_vocab", 0) or 0)
+    if tokens.numel() and int(tokens.min()) < 0:
+        raise InputError(f"token id {int(tokens.min())} is negative: token ids are indices into the vocabulary (>= 0)")
     if vocab and int(tokens.max()) >= vocab:
         raise InputError(f"token id {int(tokens.max())} is outside the model's vocabulary of {vocab}")
     return tokens
@@ -347,83 +473,3 @@ def _as_corpus(corpus: Any, default_seq_len: int) -> Corpus | TokenCorpus:
         f"corpus of type {type(corpus).__name__} is not understood: pass tl_geometry.corpus.python_docs(), "
         "from_texts([...]), from_tokens(tensor), a string or a list of strings"
     )
-
-
-def _resolve_layers(layers: Sequence[int] | None, n_layers: int) -> list[int]:
-    if layers is None:
-        return list(range(n_layers))
-    out = sorted({int(layer) for layer in layers})
-    if not out:
-        raise InputError("layers is empty: give at least one layer or None for all")
-    bad = [layer for layer in out if not 0 <= layer < n_layers]
-    if bad:
-        raise InputError(f"layers {bad} do not exist: the model has layers 0..{n_layers - 1}")
-    return out
-
-
-class _ResultStore:
-    """Per-batch parquet parts in ``out_dir/separability/`` plus ``out_dir/progress.json``.
-
-    A part and the accumulators' states (``out_dir/state/NAME-NNNNNN.pt``) are written (to a
-    temporary name, then renamed) before ``progress.json`` records them and their sequences as
-    done, so an interruption at any moment leaves a directory that resumes without loss or
-    duplicates. Older state files are deleted only after that record.
-    """
-
-    def __init__(self, out_dir: Path, config: dict, resume: bool) -> None:
-        self.dir = out_dir
-        self.parts = out_dir / "separability"
-        self.progress = out_dir / "progress.json"
-        self.config = config
-        if self.progress.exists():
-            saved = json.loads(self.progress.read_text())
-            if not resume:
-                raise InputError(f"{out_dir} already holds results: pass resume=True to continue, or another out_dir")
-            if saved["config"] != config:
-                raise InputError(
-                    f"{out_dir} holds a run with other settings ({saved['config']}); use another out_dir "
-                    "or the same settings to resume"
-                )
-            self.state = saved
-        else:
-            self.parts.mkdir(parents=True, exist_ok=True)
-            self.state = {"config": config, "done": [], "parts": [], "states": {}}
-            self._save()
-        self.states_dir = out_dir / "state"
-
-    def done_seqs(self) -> set[int]:
-        return set(self.state["done"])
-
-    def write(self, seq_ids: list[int], table: pd.DataFrame, states: dict[str, dict]) -> None:
-        name = f"part-{seq_ids[0]:06d}-{seq_ids[-1]:06d}.parquet"
-        tmp = self.parts / (name + ".tmp")
-        table.to_parquet(tmp, index=False)
-        tmp.replace(self.parts / name)
-        n_done = len(self.state["done"]) + len(seq_ids)
-        old_files = dict(self.state.get("states", {}))
-        new_files = {}
-        self.states_dir.mkdir(exist_ok=True)
-        for key, state in states.items():
-            file = f"{key}-{n_done:06d}.pt"
-            torch.save(state, self.states_dir / (file + ".tmp"))
-            (self.states_dir / (file + ".tmp")).replace(self.states_dir / file)
-            new_files[key] = file
-        self.state["done"].extend(seq_ids)
-        self.state["parts"].append(name)
-        self.state["states"] = new_files
-        self._save()
-        for file in set(old_files.values()) - set(new_files.values()):
-            (self.states_dir / file).unlink(missing_ok=True)
-
-    def load_states(self) -> dict[str, dict]:
-        """The accumulators' states recorded as done (empty for a new run)."""
-        return {key: torch.load(self.states_dir / file) for key, file in self.state.get("states", {}).items()}
-
-    def read(self) -> pd.DataFrame:
-        frames = [pd.read_parquet(self.parts / name) for name in self.state["parts"]]
-        return pd.concat(frames, ignore_index=True) if frames else _empty_separability()
-
-    def _save(self) -> None:
-        tmp = self.progress.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state))
-        tmp.replace(self.progress)

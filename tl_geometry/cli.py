@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import math
+import shlex
 import shutil
 import sys
 import time
 import warnings
-from importlib import metadata
 from pathlib import Path
 
+from ._files import write_json_atomic
 from .errors import TLGeometryError
 
 EXIT_USAGE = 2
@@ -35,6 +36,9 @@ EXIT_INTERRUPTED = 130
 GRID_TOKENS = 48
 #: Heads shown in the head grid (each regime keeps a share, largest margin first).
 GRID_HEADS = 32
+#: The file that marks a directory as written by ``tl-geometry run`` (only such a directory is
+#: replaced by ``--force``); it holds the command that started the run.
+MARKER_FILE = ".tl-geometry-run"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,30 +68,103 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _parse_ints(text: str, what: str) -> list[int]:
+def _parse_ints(text: str, option: str, words: tuple[str, ...]) -> str | list[int]:
+    """``text`` if it is one of ``words``, else the comma-separated integers it lists."""
+    if text in words:
+        return text
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise TLGeometryError(f"{what} must be 'log', 'all' or a comma-separated list of integers, got {text!r}") from None
+        choices = ", ".join(repr(w) for w in words)
+        raise TLGeometryError(f"{option} must be {choices} or a comma-separated list of integers, got {text!r}") from None
 
 
-def _check_arguments(args: argparse.Namespace) -> Path:
+def _settings(args: argparse.Namespace):
+    """The :class:`~tl_geometry.settings.AnalysisSettings` of the options (checked before any loading)."""
+    from .settings import AnalysisSettings
+
     if args.n_seqs < 1:
         raise TLGeometryError(f"--n-seqs must be at least 1, got {args.n_seqs}")
     if args.seq_len < 2:
         raise TLGeometryError(f"--seq-len must be at least 2 (BOS plus one token), got {args.seq_len}")
     if args.batch_size < 1:
         raise TLGeometryError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.kappa <= 0:
-        raise TLGeometryError(f"--kappa must be positive, got {args.kappa}")
-    out = Path(args.out)
+    if not (math.isfinite(args.kappa) and args.kappa > 0):
+        raise TLGeometryError(f"--kappa must be a positive finite number, got {args.kappa}")
+    return AnalysisSettings(
+        ns=_parse_ints(args.ns, "--ns", ("log", "all")),
+        query_positions=_parse_ints(args.query, "--query", AnalysisSettings.QUERY_WORDS),
+        batch_size=args.batch_size, diagnostics=not args.no_diagnostics, bounds=not args.no_bounds,
+        kappa=args.kappa,
+    )  # fmt: skip
+
+
+def _is_run_dir(out: Path) -> bool:
+    return (out / MARKER_FILE).is_file()
+
+
+def _holds_results(out: Path) -> bool:
+    """Whether ``out`` holds anything besides the marker (a run that failed before its first batch holds only that)."""
+    return out.is_dir() and any(p.name != MARKER_FILE for p in out.iterdir())
+
+
+def _check_out(args: argparse.Namespace) -> Path:
+    """``--out`` with ``--resume`` / ``--force`` checked; nothing is deleted here."""
+    if not args.out.strip():
+        raise TLGeometryError("--out is empty: give the directory to write the run to, e.g. --out runs/my-run")
+    out = Path(args.out).expanduser()
     if out.exists() and not out.is_dir():
         raise TLGeometryError(f"--out {out} is a file, not a directory")
-    if out.exists() and any(out.iterdir()) and not (args.resume or args.force):
-        raise TLGeometryError(f"{out} already exists: pass --resume to continue that run or --force to replace it")
+    if args.force and _holds_results(out):
+        _check_replaceable(out)
+    elif _holds_results(out) and not args.resume:
+        if _is_run_dir(out):
+            raise TLGeometryError(f"{out} already exists: pass --resume to continue that run or --force to replace it")
+        raise TLGeometryError(
+            f"{out} already exists and was not written by tl-geometry run (no {MARKER_FILE}): choose another --out"
+        )
     if args.resume and not (out / "progress" / "progress.json").exists():
         raise TLGeometryError(f"--resume: {out} holds no interrupted run (no progress/progress.json); drop --resume")
     return out
+
+
+def _check_replaceable(out: Path) -> None:
+    """Refuse ``--force`` on anything but a run directory, and always on ``/``, home and the working directory."""
+    target = out.resolve()
+    cwd = Path.cwd().resolve()
+    if target == Path(target.anchor) or target == Path.home().resolve() or cwd.is_relative_to(target):
+        raise TLGeometryError(
+            f"--force will not delete {out}: it is /, the home directory, or the working directory or one above it"
+        )
+    if not _is_run_dir(out):
+        raise TLGeometryError(
+            f"--force replaces only a directory written by tl-geometry run (it holds {MARKER_FILE}); {out} does not: "
+            "choose another --out"
+        )
+
+
+def _claim_out(out: Path, args: argparse.Namespace) -> None:
+    """Create ``out`` (replacing it with ``--force``) and mark it as a run directory."""
+    try:
+        if args.force and _holds_results(out):
+            shutil.rmtree(out)
+        out.mkdir(parents=True, exist_ok=True)
+        if not _is_run_dir(out) or args.force:
+            write_json_atomic(out / MARKER_FILE, {"command": _command_line(args)})
+    except OSError as exc:
+        raise TLGeometryError(f"cannot write to --out {out}: {exc.strerror or exc}; choose another --out") from None
+
+
+def _command_line(args: argparse.Namespace) -> list[str]:
+    return ["tl-geometry", *getattr(args, "argv", [])]
+
+
+def _resume_command(command: list[str] | None, out: Path) -> str:
+    """The command that continues an interrupted run: its own, without ``--force``, with ``--resume``."""
+    if not command:
+        return f"tl-geometry run --resume --out {shlex.quote(str(out))} with the options it was started with"
+    words = [w for w in command if w != "--force"]
+    return shlex.join(words if "--resume" in words else [*words, "--resume"])
 
 
 def _corpus(args: argparse.Namespace):
@@ -101,12 +178,15 @@ def _corpus(args: argparse.Namespace):
 
 
 def run_command(args: argparse.Namespace) -> int:
-    out = _check_arguments(args)
-    ns = args.ns if args.ns in ("log", "all") else _parse_ints(args.ns, "--ns")
-    query = "last" if args.query == "last" else _parse_ints(args.query, "--query")
+    settings = _settings(args)
+    out = _check_out(args)
     corpus = _corpus(args)
+    if not out.exists():
+        _claim_out(out, args)  # a path we cannot write to fails now, before the model is loaded
 
     import tl_geometry as tlg
+    from .analysis import plan_analysis, run_analysis
+    from .environment import installed_versions
     from .report import build_report
     from .vis import head_grid_html
 
@@ -114,19 +194,14 @@ def run_command(args: argparse.Namespace) -> int:
     print(f"loading {args.model} ...", file=sys.stderr)
     model = tlg.load_model(args.model)
     load_s = time.perf_counter() - t0
-    if args.force and out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    plan = plan_analysis(model, corpus, settings)
+    _claim_out(out, args)
     try:
-        result = tlg.analyze(
-            model, corpus, ns=ns, query_positions=query, batch_size=args.batch_size,
-            diagnostics=not args.no_diagnostics, bounds=not args.no_bounds, kappa=args.kappa,
-            out_dir=out / "progress", resume=True, progress=not args.no_progress,
-        )  # fmt: skip
+        result = run_analysis(plan, out / "progress", resume=True, progress=not args.no_progress)
     except KeyboardInterrupt:
         done = _done_count(out)
         print(f"tl-geometry: interrupted; {done} windows are saved in {out}/progress; continue with "
-              f"`tl-geometry run --resume --out {out}` and the same options", file=sys.stderr)  # fmt: skip
+              f"`{_resume_command(_command_line(args), out)}`", file=sys.stderr)  # fmt: skip
         return EXIT_INTERRUPTED
     t1 = time.perf_counter()
     result.save(out)
@@ -136,20 +211,22 @@ def run_command(args: argparse.Namespace) -> int:
         warnings.filterwarnings("ignore", message=r".*heads chosen; the head grid shows", category=UserWarning)
         grid = head_grid_html(model, result.tokens[0, :GRID_TOKENS], heads, max_heads=GRID_HEADS)
     (out / "head_grid.html").write_text(grid, encoding="utf-8")
+    versions = installed_versions()
     run_info = {
         "model": result.model.__dict__,
         "corpus": result.config["corpus"],
         "parameters": {**result.config, "kappa": args.kappa, "batch_size": args.batch_size},
+        "settings": settings.to_dict(),
         "timings": {"load_s": load_s, **result.timings, "tables_and_head_grid_s": time.perf_counter() - t1},
-        "versions": {p: _version(p) for p in ("tl-geometry", "transformer-lens", "torch", "transformers", "plotly", "circuitsvis")},
-        "python": platform.python_version(),
+        "versions": {k: v for k, v in versions.items() if k != "python"},
+        "python": versions["python"],
         "command": " ".join(sys.argv),
     }
-    _write_json(out / "run.json", run_info)
+    write_json_atomic(out / "run.json", run_info)
     t2 = time.perf_counter()
     page = build_report(out, out, heads=heads)
     run_info["timings"]["report_s"] = time.perf_counter() - t2
-    _write_json(out / "run.json", run_info)
+    write_json_atomic(out / "run.json", run_info)
     print(_summary(result, heads, out, page, load_s))
     return 0
 
@@ -160,9 +237,38 @@ def report_command(args: argparse.Namespace) -> int:
     src = Path(args.dir)
     if not src.is_dir():
         raise TLGeometryError(f"{src} is not a directory: give the --out directory of a `tl-geometry run`")
+    if not (src / "result.json").is_file() and (src / "progress" / "progress.json").is_file():
+        raise TLGeometryError(
+            f"{src} holds an interrupted run and no result yet: finish it with `{_resume_command(_marked_command(src), src)}`"
+        )
+    _check_saved_tables(src)
     page = build_report(src, src)
     print(f"wrote {page}")
     return 0
+
+
+def _marked_command(out: Path) -> list[str] | None:
+    try:
+        command = json.loads((out / MARKER_FILE).read_text())["command"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return command if isinstance(command, list) and all(isinstance(w, str) for w in command) else None
+
+
+def _check_saved_tables(src: Path) -> None:
+    """Every table of a run directory readable (a truncated one is named, not a traceback)."""
+    import pyarrow.parquet as pq
+
+    from .analysis import load_result
+
+    load_result(src)
+    for path in sorted(src.glob("*.parquet")):
+        try:
+            pq.read_metadata(path)
+        except Exception as exc:  # pyarrow raises several kinds on a damaged file
+            raise TLGeometryError(
+                f"{path} is damaged ({type(exc).__name__}): run the analysis again (tl-geometry run --force --out {src})"
+            ) from None
 
 
 def _done_count(out: Path) -> int:
@@ -170,19 +276,6 @@ def _done_count(out: Path) -> int:
         return len(json.loads((out / "progress" / "progress.json").read_text())["done"])
     except (OSError, ValueError, KeyError):
         return 0
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    tmp.replace(path)
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _summary(result, heads, out: Path, page: Path, load_s: float) -> str:
@@ -211,13 +304,19 @@ def _summary(result, heads, out: Path, page: Path, load_s: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     try:
         if args.command == "run":
             return run_command(args)
         return report_command(args)
     except TLGeometryError as exc:
         print(f"tl-geometry: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:  # a file system that refuses a write: say which file, not a traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"tl-geometry: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("tl-geometry: interrupted", file=sys.stderr)

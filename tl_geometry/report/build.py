@@ -8,6 +8,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from .._files import write_atomic
 from ..analysis import AnalysisResult, load_result
 from ..errors import InputError
 from .figures import SECTIONS, ReportFigure, as_report_figures, default_figures
@@ -142,11 +143,7 @@ def build_report(
     )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    target = out / REPORT_FILE
-    tmp = out / (REPORT_FILE + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(target)
-    return target
+    return write_atomic(out / REPORT_FILE, lambda p: p.write_text(page, encoding="utf-8"))
 
 
 def _fragment(head_grid_html: Any) -> str | None:

@@ -4,18 +4,14 @@ one summary per analysis, each with what is missing and how to get it."""
 from __future__ import annotations
 
 import json
-import platform
 from dataclasses import asdict, dataclass, field, is_dataclass
-from importlib import metadata
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from ..environment import installed_versions
 from ..errors import InputError
-
-#: Packages whose versions the header lists.
-VERSION_PACKAGES = ("tl-geometry", "transformer-lens", "torch", "transformers", "pandas", "plotly", "circuitsvis")
 
 _METRICS = ["precision", "recall", "f_at_rmax", "f_at_rmin"]
 
@@ -29,18 +25,6 @@ class Summary:
     lead: str = ""  # one paragraph (HTML-escaped by the page)
     tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
     note: str | None = None  # "not available: ..." when not available
-
-
-def installed_versions() -> dict[str, str | None]:
-    """Versions of :data:`VERSION_PACKAGES` installed now, and Python's."""
-    out: dict[str, str | None] = {}
-    for name in VERSION_PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    out["python"] = platform.python_version()
-    return out
 
 
 def _fmt(value: Any) -> str:

@@ -1,0 +1,40 @@
+"""Writing files so that an interruption never leaves a half-written one: write aside, then rename."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+
+def write_atomic(path: str | Path, write: Callable[[Path], Any]) -> Path:
+    """Call ``write(tmp)`` on ``path + ".tmp"``, then rename it to ``path`` (atomic on one file system).
+
+    A reader sees either the old file or the complete new one; an interruption leaves at most the
+    temporary file, which the next write replaces.
+
+    Parameters
+    ----------
+    path : str or Path
+        The file to (re)write.
+    write : callable
+        Writes the content to the path it is given (e.g. ``lambda p: table.to_parquet(p)``).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> target = Path(tempfile.mkdtemp()) / "note.txt"
+    >>> write_atomic(target, lambda p: p.write_text("done")).read_text()
+    'done'
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    tmp.replace(path)
+    return path
+
+
+def write_json_atomic(path: str | Path, data: Any, indent: int | None = 2) -> Path:
+    """:func:`write_atomic` of ``json.dumps(data)`` (values JSON does not know are written with ``str``)."""
+    text = json.dumps(data, indent=indent, default=str)
+    return write_atomic(path, lambda p: p.write_text(text, encoding="utf-8"))

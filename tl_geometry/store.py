@@ -1,0 +1,260 @@
+"""The on-disk store of a resumable run: per-batch parts, observer states, and the run's identity.
+
+Layout of ``directory``::
+
+    progress.json                   format, identity, sequences done, parts, state files
+    separability/part-AAAAAA-BBBBBB.parquet    the rows of one batch
+    state/NAME-NNNNNN.pt            the accumulators' states after NNNNNN sequences
+
+A part and the states are written (aside, then renamed) before ``progress.json`` records them, so
+an interruption at any moment, SIGKILL included, leaves a store that resumes without loss or
+duplicates. Nothing is written before the first batch is done: a run that fails early leaves no
+store behind to block the corrected command.
+
+The *identity* of a run (:func:`run_identity`) is the model (name, geometry and a fingerprint of
+its weights), the token windows (shape and SHA-256) and every result-changing setting. Resuming
+with another identity is refused with one line naming what differs, and the saved run is left as
+it is. A damaged store (unreadable ``progress.json``, a missing or truncated part or state) is
+refused with one line naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from ._files import write_atomic, write_json_atomic
+from .errors import InputError
+from .models import ModelInfo
+from .settings import AnalysisSettings, describe_differences
+
+#: Version of the store's layout and of ``progress.json``.
+STORE_FORMAT = 1
+PROGRESS_FILE = "progress.json"
+PARTS_DIR = "separability"
+STATES_DIR = "state"
+
+
+class StoreError(InputError):
+    """A saved run that cannot be resumed: damaged, of another version, or of another run."""
+
+
+# ----------------------------------------------------------------------------- identity
+
+
+def model_fingerprint(model: Any, n_values: int = 8) -> str:
+    """A cheap fingerprint of a model's weights: SHA-256 (first 16 hex digits) of every parameter's
+    name, shape, dtype and first and last ``n_values`` values.
+
+    Two models of the same architecture with other weights get other fingerprints (barring
+    weights that agree at both ends of every tensor); it reads a few values per tensor, not the
+    weights.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model (any object with ``named_parameters``; ``"unknown"`` otherwise).
+    n_values : int, default 8
+        Values read at each end of every parameter.
+
+    Examples
+    --------
+    >>> a, b = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    >>> with torch.no_grad():
+    ...     _ = b.weight.copy_(a.weight), b.bias.copy_(a.bias)
+    >>> model_fingerprint(a) == model_fingerprint(b)
+    True
+    >>> with torch.no_grad():
+    ...     _ = b.bias.add_(1.0)
+    >>> model_fingerprint(a) == model_fingerprint(b)
+    False
+    """
+    named = getattr(model, "named_parameters", None)
+    if not callable(named):
+        return "unknown"
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, param in named():
+            flat = param.detach().reshape(-1)
+            ends = torch.cat([flat[:n_values], flat[-n_values:]]).to(torch.float64).cpu()
+            digest.update(f"{name}|{tuple(param.shape)}|{param.dtype}|".encode())
+            digest.update(ends.numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def tokens_sha256(tokens: Tensor) -> str:
+    """SHA-256 of the token windows (int64, row-major), as hex."""
+    return hashlib.sha256(tokens.to(torch.int64).contiguous().cpu().numpy().tobytes()).hexdigest()
+
+
+def run_identity(model: Any, info: ModelInfo, tokens: Tensor, settings: AnalysisSettings) -> dict[str, Any]:
+    """What must agree for a saved run to be resumed, as a flat JSON-able dict.
+
+    Keys: ``model`` (its name), ``model geometry`` (the rest of :class:`ModelInfo`), ``model
+    weights`` (:func:`model_fingerprint`), ``n_seqs``, ``seq_len``, ``token windows``
+    (:func:`tokens_sha256`), then every result-changing setting
+    (:meth:`AnalysisSettings.identity`).
+    """
+    geometry = {k: v for k, v in asdict(info).items() if k != "name"}
+    return {
+        "model": info.name,
+        "model geometry": geometry,
+        "model weights": model_fingerprint(model),
+        "n_seqs": int(tokens.shape[0]),
+        "seq_len": int(tokens.shape[1]),
+        "token windows": tokens_sha256(tokens),
+        **settings.identity(),
+    }
+
+
+# ----------------------------------------------------------------------------- the store
+
+
+class RunStore:
+    """A resumable run's store in ``directory`` (see the module docstring).
+
+    Parameters
+    ----------
+    directory : str or Path
+        Where the store lives (created if needed; ``progress.json`` only with the first batch).
+    identity : dict
+        The run's identity (:func:`run_identity`), recorded, and compared with a saved one.
+    resume : bool, default True
+        Continue a saved run with the same identity; False refuses a directory that holds one.
+
+    Raises
+    ------
+    StoreError
+        The directory holds another run, a damaged store, or a store of another version.
+    InputError
+        The directory holds a run and ``resume`` is False, or cannot be created.
+    """
+
+    def __init__(self, directory: str | Path, identity: dict[str, Any], *, resume: bool = True) -> None:
+        self.dir = Path(directory)
+        self.parts_dir = self.dir / PARTS_DIR
+        self.states_dir = self.dir / STATES_DIR
+        self.progress_file = self.dir / PROGRESS_FILE
+        self.identity = json.loads(json.dumps(identity, default=str))  # as it reads back from JSON
+        self._make_directory()
+        if self.progress_file.exists():
+            if not resume:
+                raise InputError(f"{self.dir} already holds results: pass resume=True to continue, or another out_dir")
+            self.progress = self._read_progress()
+            self._check_identity()
+            self.states = self._load_states()
+            self._check_parts()
+        else:
+            self.progress = {"format": STORE_FORMAT, "identity": self.identity, "done": [], "parts": [], "states": {}}
+            self.states = {}
+
+    # ------------------------------------------------------------------ reading
+    def done_seqs(self) -> set[int]:
+        """The sequences whose rows and states are saved."""
+        return set(self.progress["done"])
+
+    def read(self, empty: pd.DataFrame) -> pd.DataFrame:
+        """Every saved row, part after part (``empty`` when nothing is saved)."""
+        frames = [self._read_part(name) for name in self.progress["parts"]]
+        return pd.concat(frames, ignore_index=True) if frames else empty
+
+    # ------------------------------------------------------------------ writing
+    def write(self, seq_ids: list[int], table: pd.DataFrame, states: dict[str, dict]) -> None:
+        """Save one batch: its rows, the accumulators' states after it, then the record of both."""
+        self.parts_dir.mkdir(parents=True, exist_ok=True)
+        self.states_dir.mkdir(parents=True, exist_ok=True)
+        name = f"part-{seq_ids[0]:06d}-{seq_ids[-1]:06d}.parquet"
+        write_atomic(self.parts_dir / name, lambda p: table.to_parquet(p, index=False))
+        n_done = len(self.progress["done"]) + len(seq_ids)
+        old_files = set(self.progress["states"].values())
+        new_files = {}
+        for key, state in states.items():
+            file = f"{key}-{n_done:06d}.pt"
+            write_atomic(self.states_dir / file, lambda p, s=state: torch.save(s, p))
+            new_files[key] = file
+        self.progress["done"].extend(int(i) for i in seq_ids)
+        self.progress["parts"].append(name)
+        self.progress["states"] = new_files
+        write_json_atomic(self.progress_file, self.progress, indent=None)
+        for file in old_files - set(new_files.values()):
+            (self.states_dir / file).unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ checks
+    def _damaged(self, path: Path, why: str) -> StoreError:
+        return StoreError(
+            f"{path} is damaged ({why}): the saved run in {self.dir} cannot be resumed; delete {self.dir} "
+            "or use another output directory to start over"
+        )
+
+    def _make_directory(self) -> None:
+        if self.dir.exists() and not self.dir.is_dir():
+            raise InputError(f"{self.dir} is a file, not a directory: choose another out_dir")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"cannot create {self.dir}: {exc.strerror or exc}; choose another out_dir") from None
+
+    def _read_progress(self) -> dict[str, Any]:
+        try:
+            progress = json.loads(self.progress_file.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise self._damaged(self.progress_file, f"not readable JSON: {type(exc).__name__}") from None
+        if not isinstance(progress, dict) or progress.get("format") != STORE_FORMAT or "identity" not in progress:
+            found = progress.get("format") if isinstance(progress, dict) else None
+            raise StoreError(
+                f"{self.progress_file} was written by another version of tl_geometry (store format {found}, this "
+                f"one reads {STORE_FORMAT}): delete {self.dir} or use another output directory to start over"
+            )
+        for key, kind in (("done", list), ("parts", list), ("states", dict)):
+            if not isinstance(progress.get(key), kind):
+                raise self._damaged(self.progress_file, f"no valid {key!r} entry")
+        return progress
+
+    def _check_identity(self) -> None:
+        differences = describe_differences(self.identity, self.progress["identity"])
+        if differences:
+            raise StoreError(
+                f"{self.dir} holds a run with other settings: {'; '.join(differences)} (here vs saved); "
+                "use the saved settings to resume, or another output directory"
+            )
+
+    def _load_states(self) -> dict[str, dict]:
+        states = {}
+        for key, file in self.progress["states"].items():
+            path = self.states_dir / file
+            if not path.is_file():
+                raise self._damaged(path, "missing")
+            try:
+                states[key] = torch.load(path)
+            except Exception as exc:  # torch raises many kinds on a truncated file
+                raise self._damaged(path, f"not a readable state: {type(exc).__name__}") from None
+        return states
+
+    def _check_parts(self) -> None:
+        import pyarrow.parquet as pq
+
+        for name in self.progress["parts"]:
+            path = self.parts_dir / name
+            if not path.is_file():
+                raise self._damaged(path, "missing")
+            try:
+                pq.read_metadata(path)
+            except Exception as exc:  # pyarrow raises ArrowInvalid / OSError on a truncated file
+                raise self._damaged(path, f"not a readable parquet file: {type(exc).__name__}") from None
+
+    def _read_part(self, name: str) -> pd.DataFrame:
+        path = self.parts_dir / name
+        try:
+            return pd.read_parquet(path)
+        except Exception as exc:
+            raise self._damaged(path, f"not a readable parquet file: {type(exc).__name__}") from None
+
+
+__all__ = ["RunStore", "STORE_FORMAT", "StoreError", "model_fingerprint", "run_identity", "tokens_sha256"]
