@@ -354,7 +354,12 @@ def run_analysis(
     done = store.done_seqs() if store is not None else set()
     todo = [i for i in range(plan.tokens.shape[0]) if i not in done]
     start = time.perf_counter()
-    kept, analysis_s = _run_batches(plan, wiring, store, todo, progress, initial=len(done))
+    try:
+        kept, analysis_s = _run_batches(plan, wiring, store, todo, progress, initial=len(done))
+    except BaseException:
+        if store is not None:
+            store.discard_if_unused()
+        raise
     total_s = time.perf_counter() - start
     empty = empty_table(wiring.columns())
     table = store.read(empty) if store is not None else (pd.concat(kept, ignore_index=True) if kept else empty)

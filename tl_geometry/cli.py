@@ -186,6 +186,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     import tl_geometry as tlg
     from .analysis import plan_analysis, run_analysis
+    from .store import StoreError
     from .environment import installed_versions
     from .report import build_report
     from .vis import head_grid_html
@@ -198,8 +199,14 @@ def run_command(args: argparse.Namespace) -> int:
     _claim_out(out, args)
     try:
         result = run_analysis(plan, out / "progress", resume=True, progress=not args.no_progress)
+    except StoreError as exc:
+        raise TLGeometryError(f"{exc}; or start over with --force") from None
     except KeyboardInterrupt:
         done = _done_count(out)
+        if not done:
+            print("tl-geometry: interrupted before the first windows were saved; start again with "
+                  f"`{shlex.join(_command_line(args))}`", file=sys.stderr)  # fmt: skip
+            return EXIT_INTERRUPTED
         print(f"tl-geometry: interrupted; {done} windows are saved in {out}/progress; continue with "
               f"`{_resume_command(_command_line(args), out)}`", file=sys.stderr)  # fmt: skip
         return EXIT_INTERRUPTED

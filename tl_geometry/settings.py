@@ -321,14 +321,25 @@ class AnalysisSettings:
 
 
 def describe_differences(mine: Mapping[str, Any], theirs: Mapping[str, Any], limit: int = 60) -> list[str]:
-    """``"key (mine vs theirs)"`` for every key whose values differ (values shortened to ``limit`` chars)."""
+    """``"key (mine vs theirs)"`` for every key whose values differ (values shortened to ``limit`` chars).
+
+    A key held by one side only (a setting that matters only when a switch is on) is named only
+    when no key held by both sides differs: it is then the difference, else a consequence of one.
+
+    Examples
+    --------
+    >>> describe_differences({"ns": "log", "bounds": True, "kappa": 0.5}, {"ns": "log", "bounds": False})
+    ['bounds (True vs False)']
+    """
 
     def short(value: Any) -> str:
         text = "unset" if value is None else str(value)
         return text if len(text) <= limit else text[: limit - 3] + "..."
 
-    keys = list(mine) + [k for k in theirs if k not in mine]
-    return [f"{k} ({short(mine.get(k))} vs {short(theirs.get(k))})" for k in keys if mine.get(k) != theirs.get(k)]
+    both = [k for k in mine if k in theirs and mine[k] != theirs[k]]
+    if not both:
+        both = [k for k in [*mine, *theirs] if (k in mine) != (k in theirs)]
+    return [f"{k} ({short(mine.get(k))} vs {short(theirs.get(k))})" for k in both]
 
 
 __all__ = ["AnalysisSettings", "DTYPES", "as_bool", "as_int", "describe_differences", "setting"]

@@ -186,6 +186,17 @@ class RunStore:
         for file in old_files - set(new_files.values()):
             (self.states_dir / file).unlink(missing_ok=True)
 
+    def discard_if_unused(self) -> None:
+        """Remove the directories this store made if no batch was recorded (after a failed first batch),
+        so that nothing is left to block the next run. Only empty directories are removed."""
+        if self.progress_file.exists():
+            return
+        for folder in (self.parts_dir, self.states_dir, self.dir):
+            try:
+                folder.rmdir()
+            except OSError:  # not empty, or not there: leave it
+                pass
+
     # ------------------------------------------------------------------ checks
     def _damaged(self, path: Path, why: str) -> StoreError:
         return StoreError(
