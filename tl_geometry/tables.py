@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Iterable
+
 import numpy as np
 import pandas as pd
 from torch import Tensor
@@ -9,7 +11,10 @@ from torch import Tensor
 from .capture import LayerBatch
 from .errors import InputError
 
+#: Key of a per-row table: one row per (sequence, layer, head, query position, selection size).
 KEY_COLUMNS = ["seq", "layer", "head", "kv_head", "query_pos", "n"]
+#: Key of a per-head table aggregated over sequences (the taxonomy features).
+HEAD_KEY_COLUMNS = [c for c in KEY_COLUMNS if c != "seq"]
 
 
 def head_rows_table(
@@ -35,11 +40,33 @@ def head_rows_table(
     return pd.DataFrame(cols)
 
 
+def empty_frame(columns: list[str], int_columns: Iterable[str] = ()) -> pd.DataFrame:
+    """A table with no rows and ``columns`` in that order: int64 for ``int_columns``, float64 for the rest.
+
+    Examples
+    --------
+    >>> empty_frame(["layer", "beta"], int_columns=["layer"]).dtypes.astype(str).to_dict()
+    {'layer': 'int64', 'beta': 'float64'}
+    """
+    ints = set(int_columns)
+    return pd.DataFrame({c: pd.Series(dtype="int64" if c in ints else "float64") for c in columns})
+
+
 def empty_table(float_columns: list[str]) -> pd.DataFrame:
-    """An empty table with the key columns (int64) and ``float_columns`` (float64)."""
-    spec = {c: pd.Series(dtype="int64") for c in KEY_COLUMNS}
-    spec.update({c: pd.Series(dtype="float64") for c in float_columns})
-    return pd.DataFrame(spec)
+    """An empty per-row table: the key columns (int64), then ``float_columns`` (float64)."""
+    return empty_frame(KEY_COLUMNS + list(float_columns), int_columns=KEY_COLUMNS)
+
+
+def check_heads(heads: Any, caller: str) -> pd.DataFrame:
+    """``heads`` if it is a :func:`~tl_geometry.taxonomy.classify_heads` table with one row per (layer, head).
+
+    Raises :class:`InputError` naming ``caller`` (a function name) otherwise.
+    """
+    if not isinstance(heads, pd.DataFrame) or {"layer", "head", "regime"} - set(heads.columns):
+        raise InputError(f"{caller}() needs the table of tl_geometry.taxonomy.classify_heads(...) (layer, head, regime)")
+    if heads.duplicated(["layer", "head"]).any():
+        raise InputError(f"{caller}(): the heads table has several rows per (layer, head); classify one query position")
+    return heads
 
 
 def select_query_pos(table: pd.DataFrame, query_pos: int | None, what: str = "table", hint: str = "") -> pd.DataFrame:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
 import torch
 from torch import Tensor
 
+from .._typing import ACC_DTYPE as ACC_DTYPE  # re-exported for the accumulators
 from ..errors import InputError
-
-#: Every accumulator sums in this dtype, whatever the dtype of the activations.
-ACC_DTYPE = torch.float64
+from ..tables import empty_frame as empty_frame  # re-exported for the accumulators
 
 
 def median_last(x: Tensor) -> Tensor:
@@ -50,11 +48,6 @@ def as_state(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: as_state(v) for k, v in obj.items()}
     return obj
-
-
-def empty_frame(columns: list[str]) -> pd.DataFrame:
-    """A table with no rows and the given float64 columns (what an empty accumulator reports)."""
-    return pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
 
 
 class KeyedSums:

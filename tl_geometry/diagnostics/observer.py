@@ -17,7 +17,7 @@ import torch
 from ..capture import LayerBatch
 from ..errors import InputError
 from ..models import ModelInfo
-from ._common import check_same
+from ._common import check_same, empty_frame
 from .norms import NORM_COLUMNS, NORM_CURVE_COLUMNS, NormAccumulator
 from .profile import (
     DEFAULT_FLOOR,
@@ -308,5 +308,5 @@ def _with_layer(table: pd.DataFrame, layer: int) -> pd.DataFrame:
 
 def _concat(tables: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
     if not tables:
-        return pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
+        return empty_frame(columns)
     return pd.concat(tables, ignore_index=True)[columns]

@@ -9,6 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..errors import InputError
+from ..tables import select_query_pos
 
 #: How to obtain each optional table, for the error messages.
 DIAGNOSTICS = "run tlg.analyze(..., diagnostics=True)"
@@ -18,9 +19,8 @@ TAXONOMY = (
     "tl_geometry.taxonomy.TaxonomyObserver (observer.features())"
 )
 
-#: Axis titles used by several figures.
+#: Axis title used by several figures.
 N_AXIS = "selection size N (keys, log scale)"
-POSITION_AXIS = "key position i"
 
 
 def get_table(
@@ -44,24 +44,13 @@ def get_table(
 
 def select_query(table: pd.DataFrame, query_pos: int | None, figure: str) -> pd.DataFrame:
     """Rows of ``query_pos`` (None: every row). Unknown positions are an :class:`InputError`."""
-    if query_pos is None or "query_pos" not in table.columns:
-        return table
-    out = table[table["query_pos"] == query_pos]
-    if out.empty:
-        held = sorted(table["query_pos"].unique().tolist())[:8]
-        raise InputError(f"{figure}(): query_pos={query_pos} is not in the table (it holds {held})")
-    return out
+    return table if query_pos is None else select_query_pos(table, query_pos, f"table of {figure}()")
 
 
 def one_query(table: pd.DataFrame, query_pos: int | None, figure: str) -> pd.DataFrame:
     """Like :func:`select_query`, but a table with several query positions needs ``query_pos``."""
-    if query_pos is None and "query_pos" in table.columns and table["query_pos"].nunique() > 1:
-        held = sorted(table["query_pos"].unique().tolist())[:8]
-        raise InputError(
-            f"{figure}(): the table holds query positions {held}; pass query_pos= one of them "
-            "(curves over N of rows with different K are not averaged together)"
-        )
-    return select_query(table, query_pos, figure)
+    hint = " (curves over N of rows with different K are not averaged together)"
+    return select_query_pos(table, query_pos, f"table of {figure}()", hint)
 
 
 def as_array(x: Any) -> np.ndarray:

@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..errors import InputError
+from ..tables import check_heads
 from ._common import N_AXIS, TAXONOMY, as_array, get_table, one_query
 from .colors import REGIME_COLORS, REGIME_ORDER
 
@@ -25,15 +26,6 @@ CURVES = (
     ("cos_s_vL", "cos(s(N), v_L)", "dash", 2),
 )
 FEATURE_COLUMNS = ["layer", "head", "n", *(c for c, *_ in CURVES)]
-
-
-def check_heads(heads: pd.DataFrame, figure: str) -> pd.DataFrame:
-    """A :func:`~tl_geometry.taxonomy.classify_heads` table, one row per (layer, head)."""
-    if not isinstance(heads, pd.DataFrame) or {"layer", "head", "regime"} - set(heads.columns):
-        raise InputError(f"{figure}() needs the table of tl_geometry.taxonomy.classify_heads(...) (layer, head, regime)")
-    if heads.duplicated(["layer", "head"]).any():
-        raise InputError(f"{figure}(): the heads table has several rows per (layer, head); classify one query position")
-    return heads
 
 
 def example_heads(heads: pd.DataFrame, regimes: Sequence[str] = REGIME_ORDER[:3]) -> list[tuple[int, int]]:

@@ -104,10 +104,8 @@ def as_report_figures(figures: Iterable[Any]) -> list[ReportFigure]:
 
 
 def _is_figure(obj: Any) -> bool:
-    try:
-        import plotly.graph_objects as go
-    except ImportError:  # pragma: no cover - plotly is a dependency
-        return False
+    import plotly.graph_objects as go
+
     return isinstance(obj, go.Figure)
 
 
@@ -166,10 +164,7 @@ def _figure_functions(module: Any) -> list[tuple[str, Any, str]]:
         if name in known:
             found.append((name, fn, known[name].args))
             continue
-        try:
-            params = list(inspect.signature(fn).parameters.values())
-        except (TypeError, ValueError):  # pragma: no cover
-            continue
+        params = list(inspect.signature(fn).parameters.values())
         positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         if not positional:
             continue
@@ -187,10 +182,7 @@ def _figure_functions(module: Any) -> list[tuple[str, Any, str]]:
 
 
 def _title_of(figure: Any, name: str) -> str:
-    try:
-        text = figure.layout.title.text
-    except AttributeError:  # pragma: no cover
-        text = None
+    text = figure.layout.title.text
     if text:
         return re.sub(r"<[^>]+>", " ", str(text)).strip()
     return name.replace("_", " ").strip().capitalize()

@@ -18,13 +18,13 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from .._typing import ACC_DTYPE
 from ..errors import InputError
+from ..tables import HEAD_KEY_COLUMNS, empty_frame
 from .features import CURVE_FEATURES, SCALAR_FEATURES
 
-ACC_DTYPE = torch.float64
 _LOO = {"norm_s_minus_sink": "sink_in", "norm_s_minus_last": "last_in"}
 
-KEY_COLUMNS = ["layer", "head", "kv_head", "query_pos", "n"]
 FEATURE_COLUMNS = (
     ["n_seqs"]
     + [c for name in SCALAR_FEATURES for c in (name, f"{name}_std")]
@@ -32,7 +32,7 @@ FEATURE_COLUMNS = (
     + ["norm_s_minus_sink", "norm_s_minus_sink_std", "sink_in", "norm_s_minus_last", "norm_s_minus_last_std", "last_in"]
 )
 #: Columns of the features table (:meth:`FeatureAccumulator.table`).
-TABLE_COLUMNS = KEY_COLUMNS + FEATURE_COLUMNS
+TABLE_COLUMNS = HEAD_KEY_COLUMNS + FEATURE_COLUMNS
 
 
 class _State:
@@ -218,5 +218,4 @@ class FeatureAccumulator:
 
 def empty_table() -> pd.DataFrame:
     """A features table with no rows and the right columns."""
-    ints = {"layer", "head", "kv_head", "query_pos", "n", "n_seqs"}
-    return pd.DataFrame({c: pd.Series(dtype="int64" if c in ints else "float64") for c in TABLE_COLUMNS})
+    return empty_frame(TABLE_COLUMNS, int_columns=[*HEAD_KEY_COLUMNS, "n_seqs"])

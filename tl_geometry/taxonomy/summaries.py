@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import InputError
-from ..tables import select_query_pos
+from ..tables import check_heads, select_query_pos
 from .classify import ALL_LABELS, classify_heads
 
 SHARE_COLUMNS = ["layer", "regime", "n_heads", "share"]
@@ -21,13 +20,6 @@ PR_COLUMNS = [
 ]  # fmt: skip
 
 
-def _check_heads(heads: pd.DataFrame) -> None:
-    missing = {"layer", "head", "regime"} - set(heads.columns)
-    if missing:
-        raise InputError(f"not a classify_heads table (missing {sorted(missing)})")
-    if heads.duplicated(["layer", "head"]).any():
-        raise InputError("the heads table has several rows per (layer, head): classify one query position")
-
 
 def regime_shares(heads: pd.DataFrame) -> pd.DataFrame:
     """Share of each regime among the heads of each layer (Figure 8), long form.
@@ -35,7 +27,7 @@ def regime_shares(heads: pd.DataFrame) -> pd.DataFrame:
     One row per (layer, regime) for all four labels (zero counts included): ``n_heads`` and
     ``share = n_heads / heads in the layer``.
     """
-    _check_heads(heads)
+    check_heads(heads, "regime_shares")
     counts = pd.crosstab(heads["layer"], pd.Categorical(heads["regime"], categories=list(ALL_LABELS)), dropna=False)
     counts = counts.reindex(columns=list(ALL_LABELS), fill_value=0)
     long = counts.stack().rename("n_heads").reset_index()
@@ -59,7 +51,7 @@ def regime_pr_curves(separability: pd.DataFrame, heads: pd.DataFrame, *, query_p
     heads : :func:`classify_heads` output (one query position).
     query_pos : int, optional; needed when ``separability`` holds several query positions.
     """
-    _check_heads(heads)
+    check_heads(heads, "regime_pr_curves")
     sep = select_query_pos(separability, query_pos, "separability table")
     metrics = ["precision", "recall", "f_at_rmax", "f_at_rmin"]
     per_head = sep.groupby(["layer", "head", "n"])[metrics].agg("mean")
