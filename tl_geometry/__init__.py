@@ -24,6 +24,7 @@ from .diagnostics import (
 from .errors import InputError, ModelError, TLGeometryError
 from .models import DEFAULT_MODEL, ModelInfo, describe_model, kv_head_index, load_model
 from .observers import Observer, RowObserver, SeparabilityObserver
+from .settings import AnalysisSettings
 from .selection import log_spaced_ns
 from .taxonomy import (
     ClassificationStability,
@@ -58,6 +59,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AnalysisResult",
+    "AnalysisSettings",
     "ClassificationStability",
     "RegimeFeatures",
     "RegimeThresholds",

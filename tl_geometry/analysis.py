@@ -1,8 +1,14 @@
 """``analyze``: run a model over a corpus and measure separability for every layer and head.
 
 The result is an :class:`AnalysisResult` whose tables are tidy pandas DataFrames (SPEC §6). With
-``out_dir`` the per-batch results are written to disk as they are produced and a later call with
-the same arguments resumes where an interrupted one stopped.
+``out_dir`` the per-batch results are written to disk as they are produced
+(:class:`~tl_geometry.store.RunStore`) and a later call with the same model, windows and settings
+resumes where an interrupted one stopped.
+
+``analyze`` is four short steps: the settings are checked on their own
+(:class:`~tl_geometry.settings.AnalysisSettings`), then against the model and the windows
+(:func:`plan_analysis`); :func:`run_analysis` wires the observers, resumes from the store, runs the
+batches and assembles the result.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ._files import write_atomic, write_json_atomic
+from ._files import write_atomic
 from .errors import InputError
 from .models import ModelInfo
 from .settings import AnalysisSettings, describe_differences
@@ -182,7 +182,8 @@ class RunStore:
         self.progress["done"].extend(int(i) for i in seq_ids)
         self.progress["parts"].append(name)
         self.progress["states"] = new_files
-        write_json_atomic(self.progress_file, self.progress, indent=None)
+        record = json.dumps(self.progress)
+        write_atomic(self.progress_file, lambda p: p.write_text(record, encoding="utf-8"))
         for file in old_files - set(new_files.values()):
             (self.states_dir / file).unlink(missing_ok=True)
 
