@@ -169,7 +169,7 @@ def _check_layers(value: Any) -> tuple[int, ...] | None:
 
 
 def _check_dtype(value: Any) -> torch.dtype:
-    name = str(value) if isinstance(value, torch.dtype) else str(value)
+    name = str(value)
     if not name.startswith("torch."):
         name = "torch." + name
     if name not in DTYPES:
