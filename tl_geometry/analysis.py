@@ -117,10 +117,11 @@ class AnalysisResult:
             raise InputError("this result has no rho_0: run tlg.analyze(..., taxonomy=True) or diagnostics=True")
         return sink_effect(self.separability, rho0, query_pos=query_pos)
 
-    def classify_heads(self, query_pos: int | None = None, **thresholds: Any) -> pd.DataFrame:
-        """Retriever / Reset / Mixer / Unclassified per (layer, head) (SPEC §5); see
+    def classify_heads(self, query_pos: int | None = None, *, mode: str = "strict", **thresholds: Any) -> pd.DataFrame:
+        """Retriever / Reset / Mixer / Unclassified per (layer, head) (definitions §5), ``mode="strict"`` or
+        ``"nearest"``; see
         :func:`tl_geometry.taxonomy.classify_heads` for the thresholds and the columns."""
-        return classify_heads(self, query_pos=query_pos, **thresholds)
+        return classify_heads(self, mode=mode, query_pos=query_pos, **thresholds)
 
     def tables(self) -> dict[str, pd.DataFrame]:
         """Every table this result holds, by attribute name (those not computed are left out)."""

@@ -1,4 +1,4 @@
-"""Head regimes: Retriever, Reset, Mixer or Unclassified (SPEC §5; paper §4.2, Figures 7, 8, 10).
+"""Head regimes: Retriever, Reset, Mixer or Unclassified (definitions §5; paper §4.2, Figures 7, 8, 10).
 
 Step 1, :func:`head_features`: the per-(layer, head) summary of the sequence-mean curves of the
 features table (one query position). With the analysed grid ``G`` of selection sizes and
@@ -20,30 +20,47 @@ features table (one query position). With the analysed grid ``G`` of selection s
   one sequence of ``1 - mean ||s(N) - y_0|| / mean ||s(N)||`` (resp. ``y_L``): how much of
   ``||s||`` the sink / the last token carries (Figure 7, top). Reported, not used by the labels.
 
-Step 2, :func:`classify_heads`: conditions, each with a *slack* (>= 0 when it holds), in the unit
-of its feature: natural-log ratio for the contribution-norm comparisons (0.1 is about 10 %),
-cosine difference for the alignment conditions.
+Step 2, :func:`classify_heads` (definitions §5). Every condition has a *slack* (>= 0 when it
+holds) in the unit of its feature: natural-log ratio for the comparisons of contribution norms
+(0.1 is about 10 %), cosine difference for the alignment conditions.
 
-* Retriever: ``c_last >= retriever_dominance * max(c_sink, c_rest)``
-  (slack ``log(c_last / max(c_sink, c_rest)) - log(retriever_dominance)``) and
-  ``cos_vL_low >= retriever_cos`` (slack ``cos_vL_low - retriever_cos``).
-* Reset: ``c_sink >= reset_dominance * max(c_last, c_rest)`` and ``cos_vL_high <= reset_cos``.
-* Mixer: ``min(c_sink, c_rest) <= c_last <= max(c_sink, c_rest)`` (slack: the smaller of the two
-  log ratios), ``shift_v0 <= -mixer_shift`` (``cos(s, v_0)`` falls) and
-  ``shift_vL >= mixer_shift`` (``cos(s, v_L)`` rises).
+*Candidate*, from the order of ``c_sink``, ``c_last``, ``c_rest`` (one *order* condition per
+regime):
 
-A regime's *score* is the smallest slack of its conditions (it holds iff ``score >= 0``). Labels
-are given in the order Retriever, Reset, Mixer: a head takes the first regime that holds, and is
-``Unclassified`` when none does. With the default dominances a head cannot be Retriever and Reset
-at once (except on an exact tie); Reset comes before Mixer because a sink-dominated head whose
-``v_L`` alignment only rises at very large ``N`` is the paper's Reset, not a Mixer.
+* Retriever: ``c_last`` is the largest, ``c_last >= retriever_dominance * max(c_sink, c_rest)``
+  (slack ``log(c_last / max(c_sink, c_rest)) - log(retriever_dominance)``);
+* Reset: ``c_sink`` is the largest, ``c_sink >= reset_dominance * max(c_last, c_rest)``, *or*
+  ``c_last`` is the smallest, ``c_last <= min(c_sink, c_rest)`` (mass broadly spread, no dominant
+  last token); slack: the larger of the two log-ratio slacks;
+* Mixer: ``c_last`` between the other two with ``c_sink`` not the largest, i.e.
+  ``c_sink <= c_last <= c_rest`` (slack: the smaller of the two log ratios).
 
-``margin``: how far the label is from changing, ``min |score|`` over the regimes checked to decide
-it, i.e. the regimes up to and including the label (every regime for ``Unclassified``). It is
-never negative; ``deciding`` names the slack that sets it: the tightest condition of the label's
-regime, or the most violated condition of an earlier regime that is closest to holding (for
-``Unclassified``: of the regime closest to holding). Moving that threshold by more than the margin
-changes the label.
+The candidate is the regime whose order condition has the largest slack. With the default
+dominances (1.0) the three order conditions split every head (ties aside) and exactly one holds;
+with a dominance above 1 none may hold, and the head has no candidate.
+
+*Confirmation*, by the candidate's alignment conditions:
+
+* Retriever: ``cos_vL_low >= retriever_cos`` (``cos(s, v_L)`` stays high across ``N``);
+* Reset: ``cos_vL_high <= reset_cos`` (stays low, except at very large ``N``);
+* Mixer: ``shift_v0 <= -mixer_shift`` (``cos(s, v_0)`` falls) and ``shift_vL >= mixer_shift``
+  (``cos(s, v_L)`` rises).
+
+A regime's *score* is the smallest slack of its conditions, order included (it holds iff
+``score >= 0``).
+
+* ``mode="strict"`` (default): the candidate when its order condition holds and it is confirmed,
+  else ``Unclassified`` (never forced). ``margin``: for a labelled head its score (how far its
+  tightest condition is from failing); for an ``Unclassified`` head ``min |score|`` over the
+  three regimes (how far the closest regime is from holding). ``deciding`` names the slack that
+  sets it.
+* ``mode="nearest"``: every head takes the regime whose conditions it misses least, the largest
+  score (the paper's Figure 8 labels every head). A head confirmed in strict mode keeps its label
+  (with the default dominances it is also the largest score, as only one regime can hold).
+  ``margin``: the score's lead over the runner-up (``score_label - max score_other``, >= 0 when
+  the label is the largest score); ``deciding`` is the tightest condition of the label.
+
+Moving the deciding threshold by more than the margin changes the label.
 """
 
 from __future__ import annotations
@@ -67,36 +84,39 @@ UNCLASSIFIED = "Unclassified"
 ALL_LABELS = REGIMES + (UNCLASSIFIED,)
 
 #: Conditions of each regime, as ``(regime, condition name)``; the slack column is
-#: ``slack_<regime lower>_<condition>``.
+#: ``slack_<regime lower>_<condition>``. The first condition of each is its *order* condition
+#: (the candidate), the others its *alignment* conditions (the confirmation).
 CONDITIONS = {
-    "Retriever": ("dominance", "alignment"),
-    "Reset": ("dominance", "alignment"),
-    "Mixer": ("between", "sink_falls", "last_rises"),
+    "Retriever": ("order", "alignment"),
+    "Reset": ("order", "alignment"),
+    "Mixer": ("order", "sink_falls", "last_rises"),
 }
+MODES = ("strict", "nearest")
 _TINY = np.finfo(np.float64).tiny
 
 
 @dataclass(frozen=True)
 class RegimeThresholds:
-    """Thresholds of the head taxonomy (SPEC §5). Every one is a keyword of :func:`classify_heads`.
+    """Thresholds of the head taxonomy (definitions §5). Every one is a keyword of :func:`classify_heads`.
 
     Attributes
     ----------
     retriever_dominance : float, default 1.0
-        Retriever needs ``c_last >= retriever_dominance * max(c_sink, c_rest)``. 1.0 is SPEC §5's
-        "c_last is the largest of the three".
+        Retriever's order condition: ``c_last >= retriever_dominance * max(c_sink, c_rest)``. 1.0
+        is definitions §5's "c_last is the largest of the three"; above 1 asks for a clear lead.
     retriever_cos : float, default 0.5
         Retriever needs ``cos(s(N), v_L) >= retriever_cos`` on at least ``stay_share`` of the
         grid. 0.5 (60 degrees): the projection of ``s`` on ``v_L`` is at least half of ``||s||``;
         four standard deviations of the cosine of two random directions in ``d = 64``
         (``1 / sqrt(d) = 0.125``).
     reset_dominance : float, default 1.0
-        Reset needs ``c_sink >= reset_dominance * max(c_last, c_rest)``; 1.0 is SPEC §5's
-        "sink-dominated". A value below 1 reads the paper's "comparable to or exceeds".
+        Reset's sink branch: ``c_sink >= reset_dominance * max(c_last, c_rest)``; 1.0 is
+        definitions §5's "c_sink the largest". (Reset's other branch, ``c_last`` the smallest,
+        has no threshold: it is an order.)
     reset_cos : float, default 0.3
         Reset needs ``cos(s(N), v_L) <= reset_cos`` on at least ``stay_share`` of the grid: less
-        than 9 % of ``||s||^2`` along ``v_L``. Kept below ``retriever_cos`` so that heads in the
-        gap are not forced into either regime.
+        than 9 % of ``||s||^2`` along ``v_L``. Kept below ``retriever_cos`` so that a head in the
+        gap is confirmed as neither.
     mixer_shift : float, default 0.1
         Mixer needs ``cos(s, v_0)`` to fall and ``cos(s, v_L)`` to rise by at least this much
         between the small-N and large-N windows. The std over sequences of these cosines is
@@ -210,16 +230,16 @@ def _log_ratio(a: pd.Series, b: pd.Series) -> pd.Series:
 
 
 def _slacks(h: pd.DataFrame, th: RegimeThresholds) -> dict[str, pd.Series]:
-    hi = np.maximum(h["c_sink"], h["c_rest"])
-    lo = np.minimum(h["c_sink"], h["c_rest"])
+    """Every condition's slack (>= 0 iff it holds), named ``slack_<regime>_<condition>``."""
+    sink, last, rest = h["c_sink"], h["c_last"], h["c_rest"]
+    sink_largest = _log_ratio(sink, np.maximum(last, rest)) - math.log(th.reset_dominance)
+    last_smallest = _log_ratio(np.minimum(sink, rest), last)
     return {
-        "slack_retriever_dominance": _log_ratio(h["c_last"], np.maximum(h["c_sink"], h["c_rest"]))
-        - math.log(th.retriever_dominance),
+        "slack_retriever_order": _log_ratio(last, np.maximum(sink, rest)) - math.log(th.retriever_dominance),
         "slack_retriever_alignment": h["cos_vL_low"] - th.retriever_cos,
-        "slack_reset_dominance": _log_ratio(h["c_sink"], np.maximum(h["c_last"], h["c_rest"]))
-        - math.log(th.reset_dominance),
+        "slack_reset_order": np.maximum(sink_largest, last_smallest),
         "slack_reset_alignment": th.reset_cos - h["cos_vL_high"],
-        "slack_mixer_between": np.minimum(_log_ratio(h["c_last"], lo), _log_ratio(hi, h["c_last"])),
+        "slack_mixer_order": np.minimum(_log_ratio(last, sink), _log_ratio(rest, last)),
         "slack_mixer_sink_falls": -h["shift_v0"] - th.mixer_shift,
         "slack_mixer_last_rises": h["shift_vL"] - th.mixer_shift,
     }
@@ -244,8 +264,10 @@ def _as_head_table(obj: Any, query_pos: int | None, th: RegimeThresholds) -> pd.
     return select_query_pos(table, query_pos, hint=_ONE_K_HINT)[HEAD_FEATURE_COLUMNS]
 
 
-def classify_heads(obj: Any, *, query_pos: int | None = None, **thresholds: Any) -> pd.DataFrame:
-    """Label every (layer, head) Retriever, Reset, Mixer or Unclassified (SPEC §5).
+def classify_heads(
+    obj: Any, *, mode: str = "strict", query_pos: int | None = None, **thresholds: Any
+) -> pd.DataFrame:
+    """Label every (layer, head) Retriever, Reset, Mixer or Unclassified (definitions §5).
 
     Parameters
     ----------
@@ -254,6 +276,9 @@ def classify_heads(obj: Any, *, query_pos: int | None = None, **thresholds: Any)
         query_pos, n)``), a head-features table (:func:`head_features`), or an object with a
         ``regime_features`` DataFrame attribute (an :class:`~tl_geometry.AnalysisResult` that
         ran the taxonomy observer).
+    mode : {"strict", "nearest"}, default "strict"
+        ``"strict"``: an unconfirmed candidate is ``Unclassified``. ``"nearest"``: every head
+        takes the regime it misses least (see the module docstring).
     query_pos : int, optional
         Which query position to classify when the table holds several.
     **thresholds
@@ -263,48 +288,84 @@ def classify_heads(obj: Any, *, query_pos: int | None = None, **thresholds: Any)
 
     Returns
     -------
-    DataFrame, one row per (layer, head): ``regime``, ``margin`` (>= 0, see the module
-    docstring), ``deciding`` (the condition that sets the margin), ``score_retriever``,
-    ``score_reset``, ``score_mixer`` (smallest slack of each regime; it holds iff >= 0), every
-    ``slack_*`` and every head feature (:data:`HEAD_FEATURE_COLUMNS`). ``attrs["thresholds"]``
-    records the thresholds used.
+    DataFrame, one row per (layer, head): ``regime`` (the label of ``mode``), ``margin`` and
+    ``deciding`` (of ``mode``), ``regime_strict`` and ``regime_nearest`` (both labels),
+    ``candidate`` (from the order of the contributions; ``None`` when no order condition holds),
+    ``confirmed``, ``score_retriever``, ``score_reset``, ``score_mixer`` (smallest slack of each
+    regime; it holds iff >= 0), every ``slack_*`` and every head feature
+    (:data:`HEAD_FEATURE_COLUMNS`). ``attrs["thresholds"]`` records the thresholds used and
+    ``attrs["mode"]`` the mode.
 
     Examples
     --------
-    >>> heads = classify_heads(observer.features())
-    >>> heads.groupby("layer").regime.value_counts(normalize=True)   # Figure 8
+    >>> import torch
+    >>> from tl_geometry.taxonomy import classify_heads, regime_feature_table
+    >>> w = torch.softmax(torch.randn(4, 3, 32), -1)   # [seq, head, key] weights
+    >>> v = torch.randn(4, 3, 32, 8)                   # [seq, head, key, d_head] values
+    >>> heads = classify_heads(regime_feature_table(w, v), mode="nearest")
+    >>> heads.regime.isin(["Retriever", "Reset", "Mixer"]).all()   # nearest labels every head
+    True
     """
+    if mode not in MODES:
+        raise InputError(f"mode must be one of {list(MODES)}, got {mode!r}")
     th = RegimeThresholds.of(**thresholds)
     h = _as_head_table(obj, query_pos, th).reset_index(drop=True)
     slacks = pd.DataFrame(_slacks(h, th))
-    names = list(slacks.columns)
-    scores = {}
-    argmins = {}
-    for regime in REGIMES:
-        cols = [f"slack_{regime.lower()}_{c}" for c in CONDITIONS[regime]]
-        block = slacks[cols].to_numpy()
-        scores[regime] = block.min(axis=1)
-        argmins[regime] = np.array(cols)[block.argmin(axis=1)]
-    score = np.stack([scores[r] for r in REGIMES], axis=1)  # [heads, 3]
-    holds = score >= 0
-    first = np.where(holds.any(axis=1), holds.argmax(axis=1), len(REGIMES))  # index of the label
-    checked = np.arange(len(REGIMES))[None, :] <= first[:, None]  # regimes looked at to decide
-    distance = np.where(checked, np.abs(score), np.inf)
-    tight = distance.argmin(axis=1)
-    label = np.array(ALL_LABELS)[first]
-    decider = np.stack([argmins[r] for r in REGIMES], axis=1)[np.arange(len(h)), tight]
+    labels = _decide(slacks)
+    chosen = labels[mode]
     out = pd.DataFrame(
         {
             "layer": h["layer"],
             "head": h["head"],
-            "regime": pd.Categorical(label, categories=list(ALL_LABELS)),
-            "margin": distance.min(axis=1),
-            "deciding": decider,
-            "score_retriever": scores["Retriever"],
-            "score_reset": scores["Reset"],
-            "score_mixer": scores["Mixer"],
+            "regime": _categorical(chosen["label"]),
+            "margin": chosen["margin"],
+            "deciding": chosen["deciding"],
+            "regime_strict": _categorical(labels["strict"]["label"]),
+            "regime_nearest": _categorical(labels["nearest"]["label"]),
+            "candidate": labels["candidate"],
+            "confirmed": labels["confirmed"],
+            **{f"score_{r.lower()}": labels["scores"][:, i] for i, r in enumerate(REGIMES)},
         }
     )
-    out = pd.concat([out, slacks[names], h.drop(columns=["layer", "head"])], axis=1)
+    out = pd.concat([out, slacks, h.drop(columns=["layer", "head"])], axis=1)
     out.attrs["thresholds"] = asdict(th)
+    out.attrs["mode"] = mode
     return out
+
+
+def _categorical(labels: np.ndarray) -> pd.Categorical:
+    return pd.Categorical(labels, categories=list(ALL_LABELS))
+
+
+def _decide(slacks: pd.DataFrame) -> dict[str, Any]:
+    """Candidate, scores and both modes' labels, margins and deciding slacks from the slacks."""
+    rows = np.arange(len(slacks))
+    order = np.stack([slacks[f"slack_{r.lower()}_order"].to_numpy() for r in REGIMES], axis=1)  # [heads, 3]
+    columns = [[f"slack_{r.lower()}_{c}" for c in CONDITIONS[r]] for r in REGIMES]
+    blocks = [slacks[cols].to_numpy() for cols in columns]
+    scores = np.stack([b.min(axis=1) for b in blocks], axis=1)  # [heads, 3]
+    tightest = np.stack([np.array(cols)[b.argmin(axis=1)] for cols, b in zip(columns, blocks)], axis=1)
+
+    cand = order.argmax(axis=1)
+    has_candidate = order[rows, cand] >= 0
+    confirmed = has_candidate & (scores[rows, cand] >= 0)
+    regimes = np.array(REGIMES, dtype=object)
+    candidate = np.where(has_candidate, regimes[cand], None)
+
+    # strict: the confirmed candidate, its score as margin; else the regime closest to holding
+    closest = np.abs(scores).argmin(axis=1)
+    strict_idx = np.where(confirmed, cand, closest)
+    strict = {
+        "label": np.where(confirmed, regimes[cand], UNCLASSIFIED),
+        "margin": np.abs(scores[rows, strict_idx]),
+        "deciding": tightest[rows, strict_idx],
+    }
+    # nearest: the confirmed candidate, else the largest score; margin: lead over the runner-up
+    nearest_idx = np.where(confirmed, cand, scores.argmax(axis=1))
+    others = np.where(np.arange(len(REGIMES))[None, :] == nearest_idx[:, None], -np.inf, scores)
+    nearest = {
+        "label": regimes[nearest_idx],
+        "margin": scores[rows, nearest_idx] - others.max(axis=1),
+        "deciding": tightest[rows, nearest_idx],
+    }
+    return {"strict": strict, "nearest": nearest, "candidate": candidate, "confirmed": confirmed, "scores": scores}

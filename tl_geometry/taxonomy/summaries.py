@@ -99,16 +99,17 @@ class ClassificationStability:
 
 
 def classification_stability(
-    first: Any, second: Any, *, query_pos: int | None = None, **thresholds: Any
+    first: Any, second: Any, *, mode: str = "strict", query_pos: int | None = None, **thresholds: Any
 ) -> ClassificationStability:
     """Classify two disjoint halves of the sequences separately and count the labels that change.
 
     ``first`` and ``second`` are anything :func:`classify_heads` takes, typically
     ``observer.features(0)`` and ``observer.features(1)`` of a
-    ``TaxonomyObserver(info, ns, parts=halves(n_seqs))``. The same ``thresholds`` apply to both.
+    ``TaxonomyObserver(info, ns, parts=halves(n_seqs))``. The same ``mode`` (``"strict"`` or
+    ``"nearest"``) and ``thresholds`` apply to both.
     """
-    a = classify_heads(first, query_pos=query_pos, **thresholds)
-    b = classify_heads(second, query_pos=query_pos, **thresholds)
+    a = classify_heads(first, mode=mode, query_pos=query_pos, **thresholds)
+    b = classify_heads(second, mode=mode, query_pos=query_pos, **thresholds)
     both = a[["layer", "head", "regime", "margin"]].merge(
         b[["layer", "head", "regime", "margin"]], on=["layer", "head"], suffixes=("_a", "_b"), how="inner"
     )
