@@ -8,6 +8,8 @@
 * :func:`classify_heads` — Retriever / Reset / Mixer / Unclassified per (layer, head), with the
   margin, the deciding condition and every feature (:class:`RegimeThresholds` documents the
   thresholds);
+* :func:`regime_clusters` — k-means on the standardised Figure 7 features, silhouette per ``k`` and
+  agreement (adjusted Rand index, contingency) of ``k = 3`` with both rule modes;
 * :func:`sink_effect` — per ``N``, Pearson and Spearman correlation of recall with ``rho_0``
   across heads (Figure 6);
 * :func:`regime_shares` (Figure 8), :func:`regime_pr_curves` (Figure 11) and
@@ -25,6 +27,7 @@ from .classify import (
     classify_heads,
     head_features,
 )
+from .clusters import STRUCTURE_SILHOUETTE, RegimeClusters, cluster_features, regime_clusters
 from .features import RegimeFeatures, regime_features, sink_similarity
 from .observer import TaxonomyObserver, halves
 from .sink_effect import average_ranks, pearson, rho0_table, sink_effect, spearman
@@ -38,16 +41,20 @@ __all__ = [
     "FeatureAccumulator",
     "HEAD_FEATURE_COLUMNS",
     "REGIMES",
+    "RegimeClusters",
     "RegimeFeatures",
+    "STRUCTURE_SILHOUETTE",
     "RegimeThresholds",
     "TaxonomyObserver",
     "UNCLASSIFIED",
     "average_ranks",
     "classification_stability",
     "classify_heads",
+    "cluster_features",
     "halves",
     "head_features",
     "pearson",
+    "regime_clusters",
     "regime_feature_table",
     "regime_features",
     "regime_pr_curves",
