@@ -9,7 +9,7 @@ Attention" under the definitions of SPEC.md. Start with::
     result.separability
 """
 
-from . import corpus, diagnostics, plot, report, taxonomy, theory, vis
+from . import corpus, diagnostics, patching, plot, report, taxonomy, theory, vis
 from .analysis import AnalysisResult, analyze, corpus_tokens, load_result
 from .diagnostics import (
     AttentionProfileFit,
@@ -30,14 +30,17 @@ from .taxonomy import (
     ClassificationStability,
     RegimeClusters,
     RegimeFeatures,
+    RegimeFunction,
     RegimeThresholds,
     TaxonomyObserver,
     classification_stability,
     classify_heads,
     head_features,
+    join_heads,
     regime_clusters,
     regime_feature_table,
     regime_features,
+    regime_function,
     regime_pr_curves,
     regime_shares,
     rho0_table,
@@ -65,14 +68,18 @@ __all__ = [
     "ClassificationStability",
     "RegimeClusters",
     "RegimeFeatures",
+    "RegimeFunction",
     "RegimeThresholds",
     "TaxonomyObserver",
     "classification_stability",
     "classify_heads",
     "head_features",
+    "join_heads",
+    "patching",
     "regime_clusters",
     "regime_feature_table",
     "regime_features",
+    "regime_function",
     "regime_pr_curves",
     "regime_shares",
     "rho0_table",

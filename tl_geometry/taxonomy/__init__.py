@@ -10,6 +10,8 @@
   thresholds);
 * :func:`regime_clusters` — k-means on the standardised Figure 7 features, silhouette per ``k`` and
   agreement (adjusted Rand index, contingency) of ``k = 3`` with both rule modes;
+* :func:`join_heads`, :func:`regime_function` — per-head effects (patching, ablation, localised
+  loss) joined with the regimes and the separability, and summarised by regime;
 * :func:`sink_effect` — per ``N``, Pearson and Spearman correlation of recall with ``rho_0``
   across heads (Figure 6);
 * :func:`regime_shares` (Figure 8), :func:`regime_pr_curves` (Figure 11) and
@@ -28,6 +30,7 @@ from .classify import (
     head_features,
 )
 from .clusters import STRUCTURE_SILHOUETTE, RegimeClusters, cluster_features, regime_clusters
+from .function import RegimeFunction, join_heads, regime_function
 from .features import RegimeFeatures, regime_features, sink_similarity
 from .observer import TaxonomyObserver, halves
 from .sink_effect import average_ranks, pearson, rho0_table, sink_effect, spearman
@@ -43,6 +46,7 @@ __all__ = [
     "REGIMES",
     "RegimeClusters",
     "RegimeFeatures",
+    "RegimeFunction",
     "STRUCTURE_SILHOUETTE",
     "RegimeThresholds",
     "TaxonomyObserver",
@@ -52,11 +56,13 @@ __all__ = [
     "classify_heads",
     "cluster_features",
     "halves",
+    "join_heads",
     "head_features",
     "pearson",
     "regime_clusters",
     "regime_feature_table",
     "regime_features",
+    "regime_function",
     "regime_pr_curves",
     "regime_shares",
     "rho0_table",

@@ -1,0 +1,138 @@
+"""Per-head interventions (activation patching through transformer_lens.patching, mean-ablation) and
+their join with the regimes and the separability, each against a hand-written reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tl_geometry as tlg
+from tl_geometry.errors import InputError
+from conftest import build, model_kinds
+
+
+def _tokens(seed: int, shape=(2, 9)) -> torch.Tensor:
+    return torch.randint(3, 259, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _metric(logits: torch.Tensor) -> torch.Tensor:
+    return logits[:, -1, 7].mean()
+
+
+@pytest.mark.parametrize("kind", model_kinds())
+def test_head_out_equals_patching_each_head_by_hand(kind, one_thread) -> None:
+    model = build(kind)
+    clean, corrupt = _tokens(0), _tokens(1)
+    effects = tlg.patching.head_out(model, clean, corrupt, _metric)
+    info = tlg.describe_model(model)
+    assert list(effects.columns) == ["layer", "head", "effect"] and len(effects) == info.n_layers * info.n_heads
+    _, cache = model.run_with_cache(clean)
+    for row in effects.itertuples(index=False):
+        name = f"blocks.{row.layer}.attn.hook_z"
+
+        def patch(z, hook, h=row.head, name=name):
+            z[:, :, h] = cache[name][:, :, h]
+            return z
+
+        with torch.inference_mode():
+            want = float(_metric(model.run_with_hooks(corrupt, fwd_hooks=[(name, patch)])))
+        assert row.effect == pytest.approx(want, abs=1e-6)
+
+
+def test_head_out_rejects_bad_tokens_before_running(llama_bridge) -> None:
+    with pytest.raises(InputError, match="same shape"):
+        tlg.patching.head_out(llama_bridge, _tokens(0), _tokens(1, (2, 7)), _metric)
+    with pytest.raises(InputError, match="integer tensor"):
+        tlg.patching.head_out(llama_bridge, _tokens(0).float(), _tokens(1), _metric)
+
+
+@pytest.mark.parametrize("kind", model_kinds())
+def test_mean_ablation_equals_a_loop_reference(kind, one_thread) -> None:
+    model = build(kind)
+    tokens = _tokens(2, (3, 10))
+    table = tlg.patching.mean_ablation(model, tokens)
+
+    def loss(logits):  # mean -log p(next token), by gather
+        logp = logits[:, :-1].double().log_softmax(-1)
+        return float(-logp.gather(-1, tokens[:, 1:, None]).mean())
+
+    with torch.inference_mode():
+        logits, cache = model.run_with_cache(tokens)
+        clean = loss(logits)
+        for row in table.itertuples(index=False):
+            name = f"blocks.{row.layer}.attn.hook_z"
+            z = cache[name][:, :, row.head]  # [batch, pos, d_head]
+            mean = z.sum(dim=(0, 1)) / (z.shape[0] * z.shape[1])
+
+            def ablate(act, hook, h=row.head, mean=mean):
+                act[:, :, h] = mean
+                return act
+
+            ablated = loss(model.run_with_hooks(tokens, fwd_hooks=[(name, ablate)]))
+            assert row.loss_clean == pytest.approx(clean, abs=1e-9)
+            assert row.loss_ablated == pytest.approx(ablated, abs=1e-5)
+            assert row.delta_loss == pytest.approx(ablated - clean, abs=1e-5)
+    assert (table.rel_delta == table.delta_loss / table.loss_clean).all()
+
+
+@pytest.fixture(scope="module")
+def tiny_result(llama_bridge):
+    corpus = _tokens(3, (4, 12))
+    return tlg.analyze(llama_bridge, corpus, batch_size=2, progress=False)
+
+
+def test_join_heads_with_a_tensor_a_frame_and_the_separability(tiny_result) -> None:
+    heads = tiny_result.classify_heads()
+    effects = torch.arange(8, dtype=torch.float64).reshape(2, 4)
+    table = tlg.join_heads(effects, heads, tiny_result, n=2)
+    assert list(table[["layer", "head"]].itertuples(index=False, name=None)) == [(l, h) for l in range(2) for h in range(4)]
+    assert table.effect.tolist() == list(range(8)) and table.attrs["value"] == "effect"
+    assert (table.regime.astype(str) == heads.regime.astype(str)).all() and "regime_nearest" in table
+    sep = tiny_result.separability
+    want = sep[sep.n == 2].groupby(["layer", "head"]).recall.mean().to_numpy()
+    assert np.allclose(table.recall.to_numpy(), want, atol=1e-12) and (table.n == 2).all()
+    # a frame with a rank_by column keeps the attention rows; several rows per head are averaged
+    frame = pd.DataFrame({"layer": [0, 0, 0, 1], "head": [1, 1, 1, 2], "rank_by": ["attention", "attention", "norm", "attention"],
+                          "delta_loss": [1.0, 3.0, 100.0, 5.0]})  # fmt: skip
+    joined = tlg.join_heads(frame, heads)
+    assert joined.delta_loss.tolist() == [2.0, 5.0] and joined.attrs["value"] == "delta_loss"
+    with pytest.raises(InputError, match="not on the analysed grid"):
+        tlg.join_heads(effects, heads, tiny_result, n=9999)
+    with pytest.raises(InputError, match="value="):
+        tlg.join_heads(frame.rename(columns={"delta_loss": "x"}), heads)
+
+
+def _kruskal_by_hand(groups: list[np.ndarray]) -> float:
+    """H = 12 / (N (N + 1)) sum R_g^2 / n_g - 3 (N + 1), no ties."""
+    values = np.concatenate(groups)
+    ranks = values.argsort().argsort() + 1.0
+    n, start, total = len(values), 0, 0.0
+    for g in groups:
+        total += ranks[start:start + len(g)].sum() ** 2 / len(g)
+        start += len(g)
+    return 12 / (n * (n + 1)) * total - 3 * (n + 1)
+
+
+def test_regime_function_summaries_and_the_kruskal_wallis_test() -> None:
+    labels = ["Retriever"] * 6 + ["Reset"] * 8 + ["Mixer"] * 5 + ["Unclassified"]
+    heads = pd.DataFrame({"layer": 0, "head": range(20), "regime": pd.Categorical(labels)})
+    rng = np.random.default_rng(0)
+    shift = {"Retriever": 1.0, "Reset": 0.0, "Mixer": 0.2, "Unclassified": 0.0}
+    value = np.array([shift[r] for r in labels]) + 0.1 * rng.standard_normal(20)
+    local = pd.DataFrame({"layer": 0, "head": range(20), "delta_loss": value})
+    out = tlg.regime_function(None, local, heads=heads, n_resamples=999)
+    t = out.table.set_index(out.table.regime.astype(str))
+    for regime in ("Retriever", "Reset", "Mixer"):
+        x = value[np.array(labels) == regime]
+        assert t.loc[regime, "n_heads"] == len(x) and t.loc[regime, "mean"] == pytest.approx(x.mean(), abs=1e-12)
+        assert t.loc[regime, "ci_low"] < x.mean() < t.loc[regime, "ci_high"]
+    assert np.isnan(t.loc["Unclassified", "ci_low"])  # one head: no interval, and not in the test
+    groups = [value[np.array(labels) == r] for r in ("Retriever", "Reset", "Mixer")]
+    assert out.statistic == pytest.approx(_kruskal_by_hand(groups), abs=1e-9) and out.pvalue < 0.01
+    # same values in every regime: no difference
+    flat = tlg.regime_function(None, local.assign(delta_loss=rng.permutation(value - [shift[r] for r in labels])),
+                               heads=heads, n_resamples=99)  # fmt: skip
+    assert flat.pvalue > 0.01
