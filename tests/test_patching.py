@@ -136,3 +136,17 @@ def test_regime_function_summaries_and_the_kruskal_wallis_test() -> None:
     flat = tlg.regime_function(None, local.assign(delta_loss=rng.permutation(value - [shift[r] for r in labels])),
                                heads=heads, n_resamples=99)  # fmt: skip
     assert flat.pvalue > 0.01
+
+
+def test_effect_by_regime_draws_every_head_in_its_regime_box() -> None:
+    labels = ["Retriever", "Reset", "Reset", "Mixer", "Unclassified"]
+    table = pd.DataFrame({"layer": 0, "head": range(5), "regime_strict": labels, "regime_nearest": labels[:4] + ["Reset"],
+                          "delta_loss": [0.5, 0.1, 0.2, 0.3, 0.4]})  # fmt: skip
+    table.attrs["value"] = "delta_loss"
+    fig = tlg.plot.effect_by_regime(table)
+    assert [t.name for t in fig.data] == ["Retriever (1 heads)", "Mixer (1 heads)", "Reset (2 heads)", "Unclassified (1 heads)"]
+    assert list(fig.data[2].y) == [0.1, 0.2] and list(fig.data[2].text) == ["L0H1", "L0H2"]
+    nearest = tlg.plot.effect_by_regime(table, mode="nearest")
+    assert [t.name for t in nearest.data][-1] == "Reset (3 heads)" and list(nearest.data[-1].y) == [0.1, 0.2, 0.4]
+    with pytest.raises(InputError, match="value="):
+        tlg.plot.effect_by_regime(table.drop(columns="delta_loss"))

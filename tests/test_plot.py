@@ -149,15 +149,28 @@ def test_mae_histogram_and_its_mean(result) -> None:
     assert f"mean MAE {result.similarity.mae.mean():.3f}" in fig.layout.title.text
 
 
-def test_similarity_curves_one_measured_and_one_fitted_trace_per_pair(result) -> None:
+def test_similarity_curves_band_median_and_one_selectable_pair(result) -> None:
     fig = tlp.similarity_curves(result)
-    assert len(fig.data) == 2 * len(result.similarity)  # 4 (layer, kv_head) pairs
+    n_pairs = len(result.similarity)  # 4 (layer, kv_head) pairs
+    assert len(fig.data) == 4 + 2 * n_pairs
     sc = result.similarity_curve
+    ks = sorted(sc.k.unique())
+    for name, q in (("c(k): 25th percentile", 0.25), ("c(k): median", 0.5), ("c(k): quartile band", 0.75)):
+        trace = next(t for t in fig.data if t.name == name)
+        want = [np.quantile(sc[sc.k == k].c.to_numpy(), q) for k in ks]
+        assert _same(_y(trace), np.array(want))
+    fit = next(t for t in fig.data if t.name == "fit: median")
+    assert _same(_y(fit), np.array([np.median(sc[sc.k == k].fit.to_numpy()) for k in ks]))
+    visible = [t.name for t in fig.data[4:] if t.visible]
+    assert visible == ["L0 kv0: c(k)", "L0 kv0: fit"]  # only the first pair shows
+    menu = fig.layout.updatemenus[0]
+    assert len(menu.buttons) == n_pairs and menu.buttons[2].args[0]["visible"][4:] == [False] * 4 + [True] * 2 + [False] * 2
+
     one = sc[(sc.layer == 1) & (sc.kv_head == 0)].sort_values("k")
-    fig = tlp.similarity_curves(result, pairs=[(1, 0)])
-    assert _names(fig) == ["L1 kv0: c(k)", "L1 kv0: fit"]
-    assert _same(_y(fig.data[0]), one.c) and _same(_y(fig.data[1]), one.fit)
-    assert fig.data[1].line.dash == "dash" and fig.data[0].line.color == fig.data[1].line.color
+    fig = tlp.similarity_curves(result, pairs=[(0, 1), (1, 0)], selected=(1, 0))
+    assert _names(fig)[4:] == ["L0 kv1: c(k)", "L0 kv1: fit", "L1 kv0: c(k)", "L1 kv0: fit"]
+    assert _same(_y(fig.data[6]), one.c) and _same(_y(fig.data[7]), one.fit) and fig.data[6].visible
+    assert fig.data[7].line.dash == "dash" and fig.layout.updatemenus[0].active == 1
     with pytest.raises(InputError, match=r"pairs \[\(5, 0\)\]"):
         tlp.similarity_curves(result, pairs=[(5, 0)])
 

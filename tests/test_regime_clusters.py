@@ -77,3 +77,27 @@ def test_bad_input_is_one_clear_error(planted) -> None:
         tlg.regime_clusters(planted, k=[2, 30])
     with pytest.raises(InputError, match="taxonomy=True"):
         tlg.regime_clusters(object())
+
+
+def test_cluster_plane_is_the_first_two_principal_components(planted) -> None:
+    clusters = tlg.regime_clusters(planted, k=[2, 3])
+    fig = tlg.plot.regime_clusters(clusters)
+    assert sum(len(t.x) for t in fig.data) == 30
+    # principal components by hand: SVD of the centred standardised features, up to each axis' sign
+    x = clusters.standardized - clusters.standardized.mean(0)
+    u, s, _ = np.linalg.svd(x, full_matrices=False)
+    want = {f"L{a}H{b}": (u[i, 0] * s[0], u[i, 1] * s[1]) for i, (a, b) in
+            enumerate(zip(clusters.labels.layer, clusters.labels["head"]))}  # fmt: skip
+    got = {name: (px, py) for t in fig.data for name, px, py in zip(t.text, t.x, t.y)}
+    sign = [np.sign(got["L0H0"][i] / want["L0H0"][i]) for i in (0, 1)]
+    for name, (px, py) in got.items():
+        assert px == pytest.approx(sign[0] * want[name][0], abs=1e-9) and py == pytest.approx(sign[1] * want[name][1], abs=1e-9)
+    # one symbol per rule label, one colour per cluster
+    for t in fig.data:
+        cluster, label = t.name.split(" · ")
+        assert t.marker.symbol == tlg.plot.REGIME_SYMBOLS[label]
+        members = clusters.labels[(clusters.labels.cluster_k3 == int(cluster.split()[1]))
+                                  & (clusters.labels.regime_strict.astype(str) == label)]  # fmt: skip
+        assert len(members) == len(t.x)
+    with pytest.raises(InputError, match="k=5"):
+        tlg.plot.regime_clusters(clusters, k=5)

@@ -20,6 +20,8 @@ function                          needs                                        p
 :func:`contributions_from_model`  a model and token windows                    Fig. 10
 :func:`regime_pr`                 ``taxonomy=True`` + ``classify_heads``       Fig. 11
 :func:`head_heatmap`              any per-head table                           —
+:func:`regime_clusters`           ``tlg.regime_clusters(result)``              —
+:func:`effect_by_regime`          ``tlg.join_heads(effects, heads)``           —
 ================================  ==========================================  =============
 
 A figure whose table is missing raises :class:`tl_geometry.InputError` saying which option of
@@ -33,6 +35,7 @@ from .heatmap import head_heatmap, head_values
 from .norms import norm_cv_histogram, norms_by_position
 from .regime_curves import example_heads, regime_diagnostics
 from .regime_summaries import regime_pr, regimes_by_layer
+from .regime_tests import REGIME_SYMBOLS, effect_by_regime, regime_clusters
 from .selection import envelopes, separability
 from .similarity import mae_histogram, similarity_curves
 from .sink import sink_correlation
@@ -53,10 +56,13 @@ __all__ = [
     "contributions_from_model",
     "regime_pr",
     "head_heatmap",
+    "regime_clusters",
+    "effect_by_regime",
     "contribution_points",
     "example_heads",
     "head_values",
     "METRIC_COLORS",
     "REGIME_COLORS",
     "REGIME_ORDER",
+    "REGIME_SYMBOLS",
 ]
