@@ -1,13 +1,16 @@
-"""Sink effect and head taxonomy (SPEC §5) on SmolLM2-135M (docs/taxonomy.md).
+"""Sink effect and head taxonomy (definitions §5) on SmolLM2-135M (docs/taxonomy.md).
 
 One streaming pass over ``python_docs(n_seqs, seq_len)`` (last query position, ``ns="log"``) feeds
 a :class:`~tl_geometry.observers.SeparabilityObserver` and a
 :class:`~tl_geometry.taxonomy.TaxonomyObserver` that keeps the two halves of the windows apart
-(``parts=halves(n_seqs)``). Prints the regime counts by layer (Figure 8), the sink-effect curve
-(Figure 6), the mean precision / recall per regime (Figure 11) and how many labels change
-between the two halves.
+(``parts=halves(n_seqs)``). Prints, for both rule modes (strict and nearest), the regime counts by
+layer (Figure 8) and how many labels change between the two halves; the sink-effect curve
+(Figure 6), the mean precision / recall per regime (Figure 11); the k-means clusters of the heads
+(silhouette per k, ARI of k = 3 with both modes); and the function by regime: the loss change
+of mean-ablating each head (``--ablation-seqs`` windows of ``--ablation-len`` tokens), with
+bootstrap intervals and a Kruskal-Wallis test.
 
-    python benchmarks/taxonomy_smollm2.py                 # 16 windows of 512 tokens, ~3-4 min on 1 thread
+    python benchmarks/taxonomy_smollm2.py                 # 16 windows of 512 tokens, ~6-8 min on 1 thread
     python benchmarks/taxonomy_smollm2.py --out /tmp/tax  # also write the tables as CSV
 """
 
@@ -32,6 +35,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: shared machine)")
+    parser.add_argument("--ablation-seqs", type=int, default=4, help="windows of the mean-ablation (0: skip it)")
+    parser.add_argument("--ablation-len", type=int, default=256, help="tokens per window of the mean-ablation")
     parser.add_argument("--out", type=Path, default=None, help="write features, heads, sink effect, PR curves as CSV")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -67,12 +72,16 @@ def main() -> None:
 
     heads = tx.classify_heads(features)
     print("\nthresholds:", heads.attrs["thresholds"])
-    print("\n== regimes over all heads ==")
-    print(heads.regime.value_counts().to_string())
-    print("\n== regime counts by layer (Figure 8) ==")
-    counts = pd.crosstab(heads.layer, heads.regime, dropna=False)
-    print(counts.to_string())
-    print("\n== what decided the label (condition setting the margin), by regime ==")
+    for mode in ("strict", "nearest"):
+        labels = heads[f"regime_{mode}"]
+        print(f"\n== {mode}: regimes over all heads ==")
+        print(labels.value_counts().to_string())
+        print(f"Unclassified share: {(labels == 'Unclassified').mean():.1%}")
+        print(f"\n== {mode}: regime counts by layer (Figure 8) ==")
+        print(pd.crosstab(heads.layer, labels, dropna=False).to_string())
+    print("\n== candidate (order of c_sink, c_last, c_rest) against the strict label ==")
+    print(pd.crosstab(heads.candidate.fillna("none"), heads.regime_strict).to_string())
+    print("\n== what decided the strict label (condition setting the margin), by regime ==")
     print(pd.crosstab(heads.deciding, heads.regime).to_string())
     print("\n== condition pass rates over all heads ==")
     slacks = [c for c in heads.columns if c.startswith("slack_")]
@@ -91,18 +100,46 @@ def main() -> None:
     wide = pr.pivot(index="n", columns="regime", values=["precision", "recall"])
     print(wide.round(3).to_string())
 
-    stab = tx.classification_stability(tax_obs.features(0), tax_obs.features(1))
     half = tx.halves(n_seqs)
     sizes = (sum(1 for p in half.values() if p == 0), sum(1 for p in half.values() if p == 1))
-    print(f"\n== stability: windows {sizes[0]} + {sizes[1]} classified separately ==")
-    print(f"labels changed: {stab.n_changed} of {stab.n_heads} heads ({stab.share_changed:.1%})")
-    print(stab.transitions().to_string())
-    flips = stab.table[stab.table.changed]
-    if len(flips):
-        margins = ["margin_a", "margin_b"]
-        stable = stab.table[~stab.table.changed]
-        print(f"median margin of the changed heads: {flips[margins].median().round(3).to_dict()}; "
-              f"of the stable ones: {stable[margins].median().round(3).to_dict()}")
+    stabs = {}
+    for mode in ("strict", "nearest"):
+        stab = stabs[mode] = tx.classification_stability(tax_obs.features(0), tax_obs.features(1), mode=mode)
+        print(f"\n== stability ({mode}): windows {sizes[0]} + {sizes[1]} classified separately ==")
+        print(f"labels changed: {stab.n_changed} of {stab.n_heads} heads ({stab.share_changed:.1%})")
+        print(stab.transitions().to_string())
+        flips = stab.table[stab.table.changed]
+        if len(flips):
+            margins = ["margin_a", "margin_b"]
+            stable = stab.table[~stab.table.changed]
+            print(f"median margin of the changed heads: {flips[margins].median().round(3).to_dict()}; "
+                  f"of the stable ones: {stable[margins].median().round(3).to_dict()}")
+
+    t0 = time.perf_counter()
+    clusters = tlg.regime_clusters(features, k=range(2, 7), seed=0)
+    print(f"\n== k-means on the standardised Figure 7 features ({time.perf_counter() - t0:.1f} s) ==")
+    print(clusters.silhouette.round(3).to_string(index=False))
+    print(f"best k {clusters.best_k}; has_structure (silhouette >= {tx.STRUCTURE_SILHOUETTE}): {clusters.has_structure}")
+    print(clusters.agreement.round(3).to_string(index=False))
+    for mode, table in clusters.contingency.items():
+        print(f"\ncontingency, {mode} labels x k=3 clusters:")
+        print(table.to_string())
+
+    ablation = None
+    if args.ablation_seqs > 0:
+        ab_corpus = tlg.corpus.python_docs(n_seqs=args.ablation_seqs, seq_len=args.ablation_len)
+        ab_tokens = tlg.corpus_tokens(model, ab_corpus, info)
+        t0 = time.perf_counter()
+        ablation = tlg.patching.mean_ablation(model, ab_tokens)
+        print(f"\n== mean-ablation of each head: {tuple(ab_tokens.shape)} tokens, "
+              f"{time.perf_counter() - t0:.0f} s; clean loss {ablation.loss_clean.iloc[0]:.4f} nats ==")
+        for mode in ("strict", "nearest"):
+            for column in ("delta_loss", "rel_delta"):
+                fn = tlg.regime_function(features, ablation[["layer", "head", column]], heads=heads, mode=mode,
+                                         value=column)  # fmt: skip
+                print(f"\n{mode} labels, {column} (mean and 95 % bootstrap interval of the mean):")
+                print(fn.table.round(5).to_string(index=False))
+                print(f"Kruskal-Wallis H = {fn.statistic:.3f}, p = {fn.pvalue:.4f}")
 
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -110,7 +147,11 @@ def main() -> None:
         heads.to_csv(args.out / "heads.csv", index=False)
         effect.to_csv(args.out / "sink_effect.csv", index=False)
         pr.to_csv(args.out / "regime_pr_curves.csv", index=False)
-        stab.table.to_csv(args.out / "stability.csv", index=False)
+        for mode, stab in stabs.items():
+            stab.table.to_csv(args.out / f"stability_{mode}.csv", index=False)
+        clusters.labels.to_csv(args.out / "clusters.csv", index=False)
+        if ablation is not None:
+            ablation.to_csv(args.out / "mean_ablation.csv", index=False)
         print(f"\ntables written to {args.out}")
 
 

@@ -50,8 +50,19 @@ class LayerObserver(Protocol):
     def observe(self, batch: LayerBatch) -> None: ...
 
 
-class _StopForward(Exception):
-    """Raised inside the last needed hook to end the forward pass early."""
+class StopForward(Exception):
+    """Raised inside a hook of :func:`forward_with_hooks` to end the forward pass early."""
+
+
+def forward_with_hooks(model: Any, tokens: Int[Tensor, "batch pos"], fwd_hooks: Sequence[tuple[str, Callable]]) -> None:
+    """One forward pass of ``tokens`` (moved to the model's device) with ``fwd_hooks``, under
+    ``torch.inference_mode``; a hook that raises :class:`StopForward` ends it there (the rest of
+    the model, unembedding included, is not run). The hooks keep what they need themselves."""
+    with torch.inference_mode():
+        try:
+            model.run_with_hooks(tokens.to(model_device(model)), fwd_hooks=list(fwd_hooks))
+        except StopForward:
+            pass
 
 
 def resolve_query_positions(spec: Any, seq_len: int) -> tuple[int, ...]:
@@ -149,7 +160,7 @@ def run_streaming(
             on_layer_time(time.perf_counter() - start)
         delivered.add(layer)
         if layer == last_layer:
-            raise _StopForward
+            raise StopForward
 
     def make_v_hook(layer: int) -> Callable:
         def hook(values: Tensor, hook: Any) -> None:
@@ -169,12 +180,7 @@ def run_streaming(
     for layer in wanted:
         fwd_hooks.append((hook_v_name(layer), make_v_hook(layer)))
         fwd_hooks.append((hook_pattern_name(layer), make_pattern_hook(layer)))
-    device = _model_device(model)
-    with torch.inference_mode():
-        try:
-            model.run_with_hooks(tokens.to(device), fwd_hooks=fwd_hooks)
-        except _StopForward:
-            pass
+    forward_with_hooks(model, tokens, fwd_hooks)
     silent = [layer for layer in wanted if layer not in delivered]
     if silent:
         raise ModelError(
@@ -183,7 +189,8 @@ def run_streaming(
         )
 
 
-def _model_device(model: Any) -> torch.device:
+def model_device(model: Any) -> torch.device:
+    """The device of the model's parameters (else ``model.cfg.device``, else the CPU)."""
     cfg_device = getattr(model.cfg, "device", None)
     try:
         return next(model.parameters()).device

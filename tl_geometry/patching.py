@@ -21,18 +21,12 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ._typing import typechecked
+from .capture import model_device
 from .errors import InputError
 from .models import describe_model
 
 #: Name of the per-head output hook (``[batch, pos, head, d_head]``), as ``utils.get_act_name("z", l)``.
 HOOK_Z = "blocks.{layer}.attn.hook_z"
-
-
-def _device(model: Any) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except (StopIteration, AttributeError, TypeError):
-        return torch.device("cpu")
 
 
 def _check_tokens(tokens: Any, name: str) -> Tensor:
@@ -87,7 +81,7 @@ def head_out(
         )
     if not callable(metric):
         raise InputError("metric must be a function of the logits returning a scalar tensor")
-    device = _device(model)
+    device = model_device(model)
     with torch.inference_mode():
         _, cache = model.run_with_cache(clean_tokens.to(device), names_filter=lambda name: name.endswith("hook_z"))
         effects = patching.get_act_patch_attn_head_out_all_pos(model, corrupted_tokens.to(device), cache, metric)
@@ -139,7 +133,7 @@ def mean_ablation(model: Any, tokens: Int[Tensor, "batch pos"]) -> pd.DataFrame:
     """
     tokens = _check_tokens(tokens, "tokens")
     info = describe_model(model)
-    device = _device(model)
+    device = model_device(model)
     tokens = tokens.to(device)
     rows = []
     with torch.inference_mode():

@@ -37,6 +37,7 @@ from circuitsvis.attention import attention_heads
 from circuitsvis.utils.render import RenderedHTML
 from torch import Tensor
 
+from .capture import StopForward, forward_with_hooks
 from .errors import InputError, ModelError
 from .models import describe_model, hook_pattern_name
 
@@ -94,6 +95,7 @@ class _Choice:
     layer: int
     head: int
     regime: str | None
+    nearest: str | None = None
 
 
 def head_grid(
@@ -145,24 +147,44 @@ def head_grid(
         :meth:`HeadGrid.fragment`.
     """
     info = describe_model(model)
-    ids = _token_ids(model, text_or_tokens, info.bos_token_id, info.n_ctx)
-    if max_tokens is not None:
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise InputError(f"max_tokens must be a positive integer or None, got {max_tokens!r}")
-        if len(ids) > max_tokens:
-            warnings.warn(
-                f"the text has {len(ids)} tokens; the head grid shows its first {max_tokens} "
-                "(pass max_tokens= to show more)",
-                UserWarning,
-                stacklevel=2,
-            )
-            ids = ids[:max_tokens]
+    ids = _cut_tokens(_token_ids(model, text_or_tokens, info.bos_token_id, info.n_ctx), max_tokens)
     chosen = _choose_heads(heads, info.n_layers, info.n_heads, layers, regimes, sort_by_regime, max_heads)
-    patterns = _patterns(model, ids, chosen)
     names = [_name(c) for c in chosen]
     tokens = _str_tokens(model, ids)
+    rendered = _render(_patterns(model, ids, chosen), tokens, names, decimals)
+    table = pd.DataFrame(
+        {
+            "layer": [c.layer for c in chosen],
+            "head": [c.head for c in chosen],
+            "regime": [c.regime for c in chosen],
+            "regime_nearest": [c.nearest for c in chosen],
+            "name": names,
+        }
+    )
+    local_src = _make_safe(rendered.local_src, tokens, names)
+    cdn_src = _make_safe(rendered.cdn_src, tokens, names)
+    return HeadGrid(local_src, cdn_src, table, tokens, ids)
+
+
+def _cut_tokens(ids: list[int], max_tokens: int | None) -> list[int]:
+    """The first ``max_tokens`` ids (with a warning when that cuts the text)."""
+    if max_tokens is None:
+        return ids
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise InputError(f"max_tokens must be a positive integer or None, got {max_tokens!r}")
+    if len(ids) > max_tokens:
+        warnings.warn(
+            f"the text has {len(ids)} tokens; the head grid shows its first {max_tokens} (pass max_tokens= to show more)",
+            UserWarning,
+            stacklevel=3,
+        )
+    return ids[:max_tokens]
+
+
+def _render(patterns: Tensor, tokens: list[str], names: list[str], decimals: int) -> RenderedHTML:
+    """circuitsvis' ``attention_heads`` of ``[heads, pos, pos]`` patterns rounded to ``decimals``."""
     attention = np.round(patterns.to(torch.float64).numpy(), decimals)
-    rendered = attention_heads(
+    return attention_heads(
         attention=attention.tolist(),
         tokens=tokens,
         attention_head_names=names,
@@ -170,17 +192,6 @@ def head_grid(
         min_value=0.0,
         mask_upper_tri=True,
     )
-    table = pd.DataFrame(
-        {
-            "layer": [c.layer for c in chosen],
-            "head": [c.head for c in chosen],
-            "regime": [c.regime for c in chosen],
-            "name": names,
-        }
-    )
-    local_src = _make_safe(rendered.local_src, tokens, names)
-    cdn_src = _make_safe(rendered.cdn_src, tokens, names)
-    return HeadGrid(local_src, cdn_src, table, tokens, ids)
 
 
 def head_grid_html(
@@ -306,77 +317,12 @@ def _choose_heads(
     sort_by_regime: bool,
     max_heads: int | None,
 ) -> list[_Choice]:
-    order: list[str] = list(REGIME_ORDER)
-    margin: dict[tuple[int, int], float] = {}
-    if heads is None:
-        table = pd.DataFrame(
-            [(layer, head) for layer in range(n_layers) for head in range(n_heads)], columns=["layer", "head"]
-        )
-        table["regime"] = None
-    elif isinstance(heads, pd.DataFrame):
-        missing = {"layer", "head"} - set(heads.columns)
-        if missing:
-            raise InputError(
-                f"the heads table lacks the columns {sorted(missing)}: pass "
-                "tl_geometry.taxonomy.classify_heads(result) "
-                "or a DataFrame with layer, head and regime"
-            )
-        table = heads.copy()
-        if "regime" in table.columns and isinstance(table["regime"].dtype, pd.CategoricalDtype):
-            order = [str(c) for c in table["regime"].cat.categories]
-        if "regime" not in table.columns:
-            table["regime"] = None
-        else:
-            table["regime"] = table["regime"].astype(object).where(table["regime"].notna(), None)
-        if "margin" in table.columns:
-            margin = {
-                (int(r.layer), int(r.head)): float(r.margin)
-                for r in table[["layer", "head", "margin"]].itertuples(index=False)
-                if r.margin is not None and not (isinstance(r.margin, float) and math.isnan(r.margin))
-            }
-        table = table[["layer", "head", "regime"]]
-        if "query_pos" in heads.columns and heads["query_pos"].nunique() > 1:
-            raise InputError(
-                "the heads table holds several query positions: classify one (classify_heads(result, query_pos=...))"
-            )
-    else:
-        try:
-            pairs = [(int(a), int(b)) for a, b in heads]
-        except (TypeError, ValueError):
-            raise InputError(
-                "heads must be a heads table (DataFrame), a list of (layer, head) pairs or None, "
-                f"got {type(heads).__name__}"
-            ) from None
-        table = pd.DataFrame(pairs, columns=["layer", "head"])
-        table["regime"] = None
-    table = table.drop_duplicates(["layer", "head"])
-    bad = table[(table.layer < 0) | (table.layer >= n_layers) | (table["head"] < 0) | (table["head"] >= n_heads)]
-    if len(bad):
-        raise InputError(
-            f"heads {list(zip(bad.layer, bad['head']))[:5]} do not exist: the model has layers 0..{n_layers - 1} "
-            f"and heads 0..{n_heads - 1}"
-        )
-    if layers is not None:
-        wanted = {int(layer) for layer in layers}
-        missing_layers = sorted(x for x in wanted if not 0 <= x < n_layers)
-        if missing_layers:
-            raise InputError(f"layers {missing_layers} do not exist: the model has layers 0..{n_layers - 1}")
-        table = table[table.layer.isin(wanted)]
+    """The heads to draw, in grid order: read the table, check, filter, cap, sort."""
+    table, order, margin = _heads_table(heads, n_layers, n_heads)
+    table = _filter_heads(table, order, n_layers, layers, regimes)
     has_regimes = table["regime"].notna().any()
-    if regimes is not None:
-        keep = [regimes] if isinstance(regimes, str) else [str(r) for r in regimes]
-        if not has_regimes:
-            raise InputError(
-                "regimes= needs a heads table with a regime column: "
-                "pass heads=tl_geometry.taxonomy.classify_heads(result)"
-            )
-        unknown = sorted(set(keep) - set(order) - set(table["regime"].dropna().astype(str)))
-        if unknown:
-            raise InputError(f"unknown regimes {unknown}: the heads table has {sorted(set(order))}")
-        table = table[table["regime"].isin(keep)]
-    if table.empty:
-        raise InputError("no head is left to draw after the layers= / regimes= filters")
-    choices = [_Choice(int(r.layer), int(r.head), None if r.regime is None else str(r.regime))
+    choices = [_Choice(int(r.layer), int(r.head), None if r.regime is None else str(r.regime),
+                       None if r.regime_nearest is None else str(r.regime_nearest))
                for r in table.itertuples(index=False)]  # fmt: skip
 
     def rank(regime: str | None) -> tuple[int, str]:
@@ -394,6 +340,87 @@ def _choose_heads(
     else:
         choices.sort(key=lambda c: (c.layer, c.head))
     return choices
+
+
+def _labels_or_none(column: pd.Series) -> pd.Series:
+    return column.astype(object).where(column.notna(), None)
+
+
+def _heads_table(heads: Any, n_layers: int, n_heads: int) -> tuple[pd.DataFrame, list[str], dict]:
+    """``layer, head, regime, regime_nearest`` of every head named by ``heads``, the regime order
+    and the margins; heads that do not exist are an :class:`InputError`."""
+    order: list[str] = list(REGIME_ORDER)
+    margin: dict[tuple[int, int], float] = {}
+    if heads is None:
+        table = pd.DataFrame(
+            [(layer, head) for layer in range(n_layers) for head in range(n_heads)], columns=["layer", "head"]
+        )
+    elif isinstance(heads, pd.DataFrame):
+        missing = {"layer", "head"} - set(heads.columns)
+        if missing:
+            raise InputError(
+                f"the heads table lacks the columns {sorted(missing)}: pass "
+                "tl_geometry.taxonomy.classify_heads(result) "
+                "or a DataFrame with layer, head and regime"
+            )
+        if "query_pos" in heads.columns and heads["query_pos"].nunique() > 1:
+            raise InputError(
+                "the heads table holds several query positions: classify one (classify_heads(result, query_pos=...))"
+            )
+        table = heads.copy()
+        if "regime" in table.columns and isinstance(table["regime"].dtype, pd.CategoricalDtype):
+            order = [str(c) for c in table["regime"].cat.categories]
+        if "margin" in table.columns:
+            margin = {
+                (int(r.layer), int(r.head)): float(r.margin)
+                for r in table[["layer", "head", "margin"]].itertuples(index=False)
+                if r.margin is not None and not (isinstance(r.margin, float) and math.isnan(r.margin))
+            }
+    else:
+        try:
+            pairs = [(int(a), int(b)) for a, b in heads]
+        except (TypeError, ValueError):
+            raise InputError(
+                "heads must be a heads table (DataFrame), a list of (layer, head) pairs or None, "
+                f"got {type(heads).__name__}"
+            ) from None
+        table = pd.DataFrame(pairs, columns=["layer", "head"])
+    for column in ("regime", "regime_nearest"):
+        table[column] = _labels_or_none(table[column]) if column in table.columns else None
+    table = table[["layer", "head", "regime", "regime_nearest"]].drop_duplicates(["layer", "head"])
+    bad = table[(table.layer < 0) | (table.layer >= n_layers) | (table["head"] < 0) | (table["head"] >= n_heads)]
+    if len(bad):
+        raise InputError(
+            f"heads {list(zip(bad.layer, bad['head']))[:5]} do not exist: the model has layers 0..{n_layers - 1} "
+            f"and heads 0..{n_heads - 1}"
+        )
+    return table, order, margin
+
+
+def _filter_heads(
+    table: pd.DataFrame, order: list[str], n_layers: int, layers: Sequence[int] | None, regimes: Any
+) -> pd.DataFrame:
+    """The rows of ``layers`` and ``regimes``; an empty result is an :class:`InputError`."""
+    if layers is not None:
+        wanted = {int(layer) for layer in layers}
+        missing_layers = sorted(x for x in wanted if not 0 <= x < n_layers)
+        if missing_layers:
+            raise InputError(f"layers {missing_layers} do not exist: the model has layers 0..{n_layers - 1}")
+        table = table[table.layer.isin(wanted)]
+    if regimes is not None:
+        keep = [regimes] if isinstance(regimes, str) else [str(r) for r in regimes]
+        if not table["regime"].notna().any():
+            raise InputError(
+                "regimes= needs a heads table with a regime column: "
+                "pass heads=tl_geometry.taxonomy.classify_heads(result)"
+            )
+        unknown = sorted(set(keep) - set(order) - set(table["regime"].dropna().astype(str)))
+        if unknown:
+            raise InputError(f"unknown regimes {unknown}: the heads table has {sorted(set(order))}")
+        table = table[table["regime"].isin(keep)]
+    if table.empty:
+        raise InputError("no head is left to draw after the layers= / regimes= filters")
+    return table
 
 
 def _cap(choices: list[_Choice], max_heads: int, margin: dict, rank) -> list[_Choice]:
@@ -423,16 +450,16 @@ def _cap(choices: list[_Choice], max_heads: int, margin: dict, rank) -> list[_Ch
 
 
 def _name(c: _Choice) -> str:
+    """``L{layer}H{head} · regime``, with ``(nearest: X)`` where the nearest label differs."""
     base = f"L{c.layer}H{c.head}"
-    return base if c.regime is None else f"{base}{_SEPARATOR}{c.regime}"
+    if c.regime is None:
+        return base
+    name = f"{base}{_SEPARATOR}{c.regime}"
+    return name if c.nearest is None or c.nearest == c.regime else f"{name} (nearest: {c.nearest})"
 
 
 # --------------------------------------------------------------------------------------------
 # the forward pass
-
-
-class _Done(Exception):
-    """Raised in the last needed hook to end the forward pass."""
 
 
 def _patterns(model: Any, ids: list[int], chosen: list[_Choice]) -> Tensor:
@@ -449,7 +476,7 @@ def _patterns(model: Any, ids: list[int], chosen: list[_Choice]) -> Tensor:
         def hook(pattern: Tensor, hook: Any) -> None:
             got[layer] = pattern.detach()[0].index_select(0, index.to(pattern.device)).float().cpu()
             if layer == last and len(got) == len(by_layer):
-                raise _Done
+                raise StopForward
 
         return hook, index
 
@@ -458,16 +485,7 @@ def _patterns(model: Any, ids: list[int], chosen: list[_Choice]) -> Tensor:
         fn, index = make_hook(layer)
         hooks.append((hook_pattern_name(layer), fn))
         index_of[layer] = {int(h): i for i, h in enumerate(index.tolist())}
-    try:
-        device = next(model.parameters()).device
-    except (StopIteration, AttributeError, TypeError):
-        device = torch.device("cpu")
-    tokens = torch.tensor([ids], dtype=torch.int64, device=device)
-    with torch.inference_mode():
-        try:
-            model.run_with_hooks(tokens, fwd_hooks=hooks)
-        except _Done:
-            pass
+    forward_with_hooks(model, torch.tensor([ids], dtype=torch.int64), hooks)
     silent = sorted(set(by_layer) - set(got))
     if silent:
         raise ModelError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -11,7 +12,7 @@ import pandas as pd
 from .._files import write_atomic
 from ..analysis import AnalysisResult, load_result
 from ..errors import InputError
-from .figures import SECTIONS, ReportFigure, as_report_figures, default_figures
+from .figures import SECTIONS, ReportFigure, as_report_figures, default_figures, regime_test_figures
 from .page import check_self_contained, footer_html, head_grid_section, meta_html, page_html, section_html
 from .sections import (
     Summary,
@@ -28,6 +29,7 @@ from .sections import (
 RUN_INFO_FILE = "run.json"
 HEAD_GRID_FILE = "head_grid.html"
 HEADS_FILE = "heads.parquet"
+EFFECTS_FILE = "head_effects.parquet"
 REPORT_FILE = "index.html"
 
 
@@ -38,6 +40,7 @@ def build_report(
     figures: Iterable[Any] | None = None,
     head_grid_html: str | Any | None = None,
     heads: pd.DataFrame | None = None,
+    effects: Any = None,
     title: str | None = None,
 ) -> Path:
     """Write ``out_dir/index.html``: one self-contained page with everything the result holds.
@@ -64,7 +67,13 @@ def build_report(
     heads : DataFrame, optional
         The head table (:func:`tl_geometry.taxonomy.classify_heads`); else ``heads.parquet`` of the
         directory, else ``classify_heads(result)`` when the result holds the taxonomy features
-        (else the taxonomy section says what to run).
+        (else the taxonomy section says what to run). The section shows the strict labels and,
+        where the table has them, the nearest ones.
+    effects : DataFrame or [n_layers, n_heads] tensor, optional
+        Per-head effects (:func:`tl_geometry.patching.head_out`, :func:`~tl_geometry.patching.
+        mean_ablation`, the localised loss) for the effect-by-regime figure; else
+        ``head_effects.parquet`` of the directory. With the default figures the taxonomy section
+        also shows the k-means clusters of the heads (:func:`tl_geometry.regime_clusters`).
     title : str, optional
         Page title (default ``"tl_geometry report: <model>"``).
 
@@ -75,37 +84,70 @@ def build_report(
     The page holds plotly.js once (inline, in ``<head>``), every figure as a div, circuitsvis'
     script inline in the head grid, and no ``src``/``href`` to any remote URL.
     """
-    source_dir: Path | None = None
-    run_info: dict | None = None
-    if isinstance(result_or_dir, AnalysisResult):
-        result = result_or_dir
-    elif isinstance(result_or_dir, (str, Path)):
-        source_dir = Path(result_or_dir)
-        result = load_result(source_dir)
-        info_file = source_dir / RUN_INFO_FILE
-        if info_file.is_file():
-            run_info = read_run_info(info_file.read_text(encoding="utf-8"))
-        if head_grid_html is None and (source_dir / HEAD_GRID_FILE).is_file():
-            head_grid_html = (source_dir / HEAD_GRID_FILE).read_text(encoding="utf-8")
-        if heads is None and (source_dir / HEADS_FILE).is_file():
-            heads = pd.read_parquet(source_dir / HEADS_FILE)
-    else:
-        raise InputError(
-            f"build_report needs an AnalysisResult or the directory of a saved one, got {type(result_or_dir).__name__}"
-        )
-
-    why_no_heads = None
+    src = _read_source(result_or_dir, head_grid_html, heads, effects)
+    result = src.result
+    heads, why_no_heads = src.heads, None
     if heads is None:
         heads, why_no_heads = heads_table(result)
     elif not isinstance(heads, pd.DataFrame) or not {"layer", "head", "regime"} <= set(heads.columns):
         raise InputError("heads must be the DataFrame of tl_geometry.taxonomy.classify_heads (layer, head, regime)")
 
     if figures is None:
-        figs = default_figures(result, heads=heads)
+        figs = default_figures(result, heads=heads) + regime_test_figures(result, heads, src.effects)
     else:
         figs = as_report_figures(figures)
-    fragment = _fragment(head_grid_html)
+    fragment = _fragment(src.head_grid_html)
+    sections, nav = _sections(result, heads, why_no_heads, figs, fragment)
+    page = page_html(
+        title or f"tl_geometry report: {result.model.name}",
+        meta_html(header_rows(result, src.run_info)),
+        nav,
+        sections,
+        footer_html(str(src.directory) if src.directory else None),
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return write_atomic(out / REPORT_FILE, lambda p: p.write_text(page, encoding="utf-8"))
 
+
+@dataclass
+class _Source:
+    """What a report is built from: the result and, from a run directory, the optional files."""
+
+    result: AnalysisResult
+    directory: Path | None = None
+    run_info: dict | None = None
+    head_grid_html: Any = None
+    heads: pd.DataFrame | None = None
+    effects: Any = None
+
+
+def _read_source(result_or_dir: Any, head_grid_html: Any, heads: Any, effects: Any) -> _Source:
+    """The result (loaded from a directory) and the run directory's files where not given."""
+    if isinstance(result_or_dir, AnalysisResult):
+        return _Source(result_or_dir, head_grid_html=head_grid_html, heads=heads, effects=effects)
+    if not isinstance(result_or_dir, (str, Path)):
+        raise InputError(
+            f"build_report needs an AnalysisResult or the directory of a saved one, got {type(result_or_dir).__name__}"
+        )
+    directory = Path(result_or_dir)
+    src = _Source(load_result(directory), directory, None, head_grid_html, heads, effects)
+    info_file = directory / RUN_INFO_FILE
+    if info_file.is_file():
+        src.run_info = read_run_info(info_file.read_text(encoding="utf-8"))
+    if src.head_grid_html is None and (directory / HEAD_GRID_FILE).is_file():
+        src.head_grid_html = (directory / HEAD_GRID_FILE).read_text(encoding="utf-8")
+    if src.heads is None and (directory / HEADS_FILE).is_file():
+        src.heads = pd.read_parquet(directory / HEADS_FILE)
+    if src.effects is None and (directory / EFFECTS_FILE).is_file():
+        src.effects = pd.read_parquet(directory / EFFECTS_FILE)
+    return src
+
+
+def _sections(
+    result: AnalysisResult, heads: Any, why_no_heads: str | None, figs: list[ReportFigure], fragment: str | None
+) -> tuple[list[str], list[tuple[str, str, bool]]]:
+    """The HTML of every section (summary, figures), then the head grid, and the navigation entries."""
     kappa = ((result.config or {}).get("bounds") or {}).get("kappa")
     summaries: dict[str, Summary | None] = {
         "separability": separability_summary(result),
@@ -117,7 +159,6 @@ def build_report(
     by_section: dict[str, list[ReportFigure]] = {key: [] for key in SECTIONS}
     for fig in figs:
         by_section[fig.section or "other"].append(fig)
-
     sections, nav, index = [], [], 0
     for key, label in SECTIONS.items():
         summary = summaries[key]
@@ -133,17 +174,7 @@ def build_report(
     )
     sections.append(head_grid_section(fragment, grid_why))
     nav.append(("head-grid", "Attention patterns", fragment is not None))
-
-    page = page_html(
-        title or f"tl_geometry report: {result.model.name}",
-        meta_html(header_rows(result, run_info)),
-        nav,
-        sections,
-        footer_html(str(source_dir) if source_dir else None),
-    )
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    return write_atomic(out / REPORT_FILE, lambda p: p.write_text(page, encoding="utf-8"))
+    return sections, nav
 
 
 def _fragment(head_grid_html: Any) -> str | None:

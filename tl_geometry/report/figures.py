@@ -259,3 +259,35 @@ def default_figures(result: Any, heads: Any = None) -> list[ReportFigure]:
                 title = f"{title} ({k + 1})"
             out.append(ReportFigure(title, summary, fig, section, source=source))
     return out
+
+
+def regime_test_figures(result: Any, heads: Any, effects: Any = None) -> list[ReportFigure]:
+    """The two tests of the regimes (definitions §5): the cluster plane and, given per-head
+    ``effects`` (patching, mean-ablation, localised loss), the effect by regime; each listed as
+    not available, with what to run, when it cannot be drawn."""
+    from .. import plot
+    from ..taxonomy import join_heads, regime_clusters
+
+    out = []
+    clusters_title = "Are the regimes real? k-means clusters of the heads"
+    clusters_source = "tl_geometry.plot.regime_clusters"
+    try:
+        clusters = regime_clusters(result, k=range(2, 7), seed=0)
+        out.append(ReportFigure(clusters_title, _summary_line(plot.regime_clusters), plot.regime_clusters(clusters),
+                                "taxonomy", source=clusters_source))  # fmt: skip
+    except InputError as exc:
+        out.append(ReportFigure(clusters_title, "", None, "taxonomy", note=f"not available: {exc}", source=clusters_source))
+    effect_title = "Do the regimes differ in function? Per-head effect by regime"
+    effect_source = "tl_geometry.plot.effect_by_regime"
+    if effects is None or heads is None:
+        note = ("not available: pass effects= (tlg.patching.head_out(...), tlg.patching.mean_ablation(model, tokens) "
+                "or the localised loss) and a heads table")  # fmt: skip
+        out.append(ReportFigure(effect_title, "", None, "taxonomy", note=note, source=effect_source))
+        return out
+    try:
+        table = join_heads(effects, heads)
+        out.append(ReportFigure(effect_title, _summary_line(plot.effect_by_regime), plot.effect_by_regime(table),
+                                "taxonomy", source=effect_source))  # fmt: skip
+    except InputError as exc:
+        out.append(ReportFigure(effect_title, "", None, "taxonomy", note=f"not available: {exc}", source=effect_source))
+    return out

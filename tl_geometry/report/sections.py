@@ -183,23 +183,37 @@ def heads_table(result: Any) -> tuple[pd.DataFrame | None, str | None]:
         return None, f"not available: run with the head taxonomy (tlg.analyze(..., taxonomy=True)): {exc}"
 
 
+def _counts_by_layer(heads: pd.DataFrame, column: str, order: list[str]) -> pd.DataFrame:
+    counts = pd.crosstab(heads["layer"], heads[column].astype(str))
+    counts = counts.reindex(columns=order, fill_value=0)
+    counts.loc["all"] = counts.sum()
+    counts.columns.name = None
+    return counts.reset_index().rename(columns={"index": "layer"})
+
+
+def _totals(labels: pd.Series, order: list[str]) -> str:
+    total = labels.astype(str).value_counts().reindex(order, fill_value=0)
+    return ", ".join(f"{k} {v}" for k, v in total.items())
+
+
 def taxonomy_summary(heads: pd.DataFrame | None, why: str | None) -> Summary:
     if heads is None or len(heads) == 0 or "regime" not in heads:
         return Summary(False, note=why or "not available: run with the head taxonomy")
     regimes = heads["regime"]
     order = list(regimes.cat.categories) if isinstance(regimes.dtype, pd.CategoricalDtype) else sorted(regimes.unique())
-    counts = pd.crosstab(heads["layer"], heads["regime"].astype(str))
-    counts = counts.reindex(columns=[str(o) for o in order], fill_value=0)
-    counts.loc["all"] = counts.sum()
-    counts.columns.name = None
-    counts = counts.reset_index().rename(columns={"index": "layer"})
-    total = regimes.astype(str).value_counts().reindex([str(o) for o in order], fill_value=0)
+    order = [str(o) for o in order]
+    mode = heads.attrs.get("mode", "strict")
     lead = (
-        f"{len(heads)} heads: " + ", ".join(f"{k} {v}" for k, v in total.items()) +
-        ". Labels of SPEC §5 (Retriever, Reset, Mixer; Unclassified when none holds)."
-    )  # fmt: skip
+        f"{len(heads)} heads: {_totals(regimes, order)}. Labels of definitions §5: the candidate regime from the "
+        "order of the contributions c_sink, c_last, c_rest, confirmed by its alignment; "
+        f"{mode} mode{' (Unclassified when the candidate is not confirmed)' if mode == 'strict' else ''}."
+    )
+    tables = [(f"Heads per regime and layer ({mode})", _counts_by_layer(heads, "regime", order))]
+    if "regime_nearest" in heads.columns and mode != "nearest":
+        nearest_order = [o for o in order if o != "Unclassified"]
+        lead += f" Nearest mode (every head takes the regime it misses least): {_totals(heads['regime_nearest'], nearest_order)}."
+        tables.append(("Heads per regime and layer (nearest)", _counts_by_layer(heads, "regime_nearest", nearest_order)))
     thresholds = heads.attrs.get("thresholds")
-    tables = [("Heads per regime and layer", counts)]
     if thresholds:
         tables.append(("Thresholds", pd.DataFrame({"threshold": list(thresholds), "value": list(thresholds.values())})))
     return Summary(True, lead=lead, tables=tables)

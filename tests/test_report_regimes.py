@@ -1,0 +1,54 @@
+"""The report and the head grid show both rule modes, the cluster figure and the effect-by-regime figure."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+import tl_geometry as tlg
+from tl_geometry.report import EFFECTS_FILE, build_report
+from tl_geometry.vis import head_grid
+
+TEXT = "def add(a, b):\n    return a + b\n\nclass Point:\n    x: int = 0\n    y: int = 0\n" * 4
+
+
+@pytest.fixture(scope="module")
+def result(llama_bridge):
+    corpus = tlg.corpus.from_texts(TEXT, n_seqs=2, seq_len=24)
+    return tlg.analyze(llama_bridge, corpus, progress=False)
+
+
+def _section(page: str, key: str) -> str:
+    start = page.index(f'<section id="{key}"')
+    return page[start : page.index("</section>", start)]
+
+
+def test_report_shows_both_modes_and_the_two_tests_of_the_regimes(result, tmp_path) -> None:
+    heads = result.classify_heads()
+    page = build_report(result, tmp_path / "a").read_text(encoding="utf-8")
+    taxonomy = _section(page, "taxonomy")
+    nearest = heads.regime_nearest.astype(str).value_counts()
+    assert "Nearest mode" in taxonomy and "Heads per regime and layer (nearest)" in taxonomy
+    assert f"Reset {nearest.get('Reset', 0)}, Mixer {nearest.get('Mixer', 0)}" in taxonomy
+    assert "Are the regimes real? k-means clusters of the heads" in taxonomy
+    assert "Do the regimes differ in function?" in taxonomy and "pass effects=" in taxonomy  # no effects given
+    # effects as a tensor, then from the run directory's head_effects.parquet
+    effects = torch.arange(8, dtype=torch.float64).reshape(2, 4)
+    with_effects = _section(build_report(result, tmp_path / "b", effects=effects).read_text(encoding="utf-8"), "taxonomy")
+    assert "pass effects=" not in with_effects and with_effects.count('class="plotly-graph-div"') == \
+        taxonomy.count('class="plotly-graph-div"') + 1  # fmt: skip
+    run = tmp_path / "run"
+    result.save(run)
+    tlg.patching.effect_frame(effects, "delta_loss").to_parquet(run / EFFECTS_FILE)
+    from_dir = _section(build_report(run, run).read_text(encoding="utf-8"), "taxonomy")
+    assert "pass effects=" not in from_dir and "delta_loss of each head" in from_dir
+
+
+def test_head_grid_names_the_nearest_label_where_it_differs(llama_bridge) -> None:
+    heads = pd.DataFrame({"layer": [0, 0, 1], "head": [0, 1, 2],
+                          "regime": pd.Categorical(["Reset", "Unclassified", "Mixer"]),
+                          "regime_nearest": ["Reset", "Mixer", "Mixer"]})  # fmt: skip
+    grid = head_grid(llama_bridge, "def f(x):\n    return x", heads, sort_by_regime=False)
+    assert grid.names == ["L0H0 · Reset", "L0H1 · Unclassified (nearest: Mixer)", "L1H2 · Mixer"]
+    assert grid.heads.regime_nearest.tolist() == ["Reset", "Mixer", "Mixer"]
