@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ._typing import typechecked
 from .errors import InputError
+from .rankings import selection_order
 
 #: What ``ns`` may be: None / "all" (every N), "log", a sequence of ints, a 1-D int array or tensor.
 #: Checked by :func:`resolve_ns` (with messages that say what to do), not by the type checker.
@@ -96,7 +97,7 @@ def sort_by_weight(
     contributions : [row, k, d]
         ``y_{order[r, t]} = alpha_{order[r, t]} v_{order[r, t]}`` in that order.
     """
-    order = torch.argsort(weights, dim=-1, descending=True, stable=True)
+    order = selection_order(weights)
     sorted_weights = torch.gather(weights, -1, order)
     sorted_values = torch.gather(values, -2, repeat(order, "row k -> row k d", d=values.shape[-1]))
     return order, sorted_weights[..., None] * sorted_values

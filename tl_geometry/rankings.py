@@ -1,0 +1,259 @@
+"""Rankings of the keys of an attention row: the order that defines ``I_N`` (definitions §7).
+
+A ranking gives every key ``i`` of a row a *score*; ``I_N`` is the ``N`` keys of highest score,
+ties to the lower key index (a stable sort, as in definitions §2). Four rankings exist:
+
+* ``"attention"``: ``alpha_i`` (definitions §2, the default);
+* ``"contribution"``: ``a_i = alpha_i ||v_i||``, the norm of the contribution ``y_i``;
+* ``"sink_window"``: the static StreamingLLM pattern: the sink ``0`` first, then the most recent keys
+  ``q, q-1, ...`` (score ``+inf`` for key 0, ``i`` otherwise);
+* ``"random"``: a uniform random permutation of the keys, seeded and reproducible. The score of key
+  ``i`` in draw ``r`` of a row is a uniform number in ``[0, 1)`` made by SplitMix64 hashing of
+  ``(seed, row key, draw, i)``; the *row key* hashes where the row comes from
+  (:func:`row_keys`: sequence, layer, head, query position), so a row gets the same permutations
+  whatever batch it is computed in and whether a run was resumed. The score of a key does not
+  depend on how many keys the row has, so masking future keys (``-inf``) leaves the order of the
+  visible keys a uniform permutation.
+
+Scores are returned in float64; :func:`selection_order` turns them into the selection order and
+:func:`top_n_mask` into the set ``I_N``. The engine (:func:`tl_geometry.separability`) and the
+intervention use these same functions.
+
+Examples
+--------
+>>> import torch
+>>> w = torch.tensor([0.1, 0.4, 0.4, 0.1])
+>>> v = torch.tensor([[8.0], [1.0], [1.0], [1.0]])
+>>> selection_order(ranking_scores(w, v, "attention")).tolist()
+[1, 2, 0, 3]
+>>> selection_order(ranking_scores(w, v, "contribution")).tolist()
+[0, 1, 2, 3]
+>>> selection_order(ranking_scores(w, v, "sink_window")).tolist()
+[0, 3, 2, 1]
+>>> top_n_mask(ranking_scores(w, v, "attention"), 2).tolist()
+[False, True, True, False]
+>>> keys = row_keys(seq=torch.tensor([0, 1]), layer=3, head=2, query_pos=511)
+>>> a = ranking_scores(w.expand(2, 4), v.expand(2, 4, 1), "random", row_keys=keys, seed=0)
+>>> b = ranking_scores(w[None], v[None], "random", row_keys=keys[1:], seed=0)
+>>> bool((a[1:] == b).all())   # row 1 gets the same draw alone or in a batch
+True
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from ._typing import typechecked
+from .errors import InputError
+
+#: Every ranking ``rank_by`` may name (definitions §7).
+RANKINGS = ("attention", "contribution", "random", "sink_window")
+#: The rankings whose order depends on the row's own numbers only (one "draw").
+DETERMINISTIC_RANKINGS = ("attention", "contribution", "sink_window")
+#: Every distance ``distance`` may name (definitions §7).
+DISTANCES = ("euclidean", "cosine")
+#: The constant in the cosine distance ``1 - <y, s> / (||y|| ||s|| + COSINE_EPS)`` (definitions §7).
+COSINE_EPS = 1e-12
+#: Default number of random draws per row for ``rank_by="random"``.
+DEFAULT_N_RANDOM = 16
+
+_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
+_MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
+_MIX2 = -7723592293110705685  # 0x94D049BB133111EB
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def check_rank_by(rank_by: Any) -> str:
+    """``rank_by`` if it names a ranking; otherwise one :class:`InputError` listing them."""
+    if not isinstance(rank_by, str) or rank_by not in RANKINGS:
+        raise InputError(f"rank_by={rank_by!r} is not a ranking: use one of {', '.join(map(repr, RANKINGS))}")
+    return rank_by
+
+
+def check_rankings(rank_by: Any) -> tuple[str, ...]:
+    """One ranking or several (a string or a sequence of strings) as a tuple without duplicates, in order.
+
+    >>> check_rankings("attention"), check_rankings(["attention", "random", "attention"])
+    (('attention',), ('attention', 'random'))
+    """
+    names = [rank_by] if isinstance(rank_by, str) else rank_by
+    if not isinstance(names, (Sequence, np.ndarray)) or len(names) == 0:
+        raise InputError(f"rank_by must be a ranking or a non-empty list of them ({', '.join(RANKINGS)}), got {rank_by!r}")
+    return tuple(dict.fromkeys(check_rank_by(name) for name in names))
+
+
+def check_distance(distance: Any) -> str:
+    """``distance`` if it names a distance; otherwise one :class:`InputError` listing them."""
+    if not isinstance(distance, str) or distance not in DISTANCES:
+        raise InputError(f"distance={distance!r} is not a distance: use one of {', '.join(map(repr, DISTANCES))}")
+    return distance
+
+
+def check_n_random(n_random: Any) -> int:
+    """``n_random`` (draws of the random control) as an int >= 1; otherwise one :class:`InputError`."""
+    if isinstance(n_random, (bool, np.bool_)) or not isinstance(n_random, numbers.Integral) or n_random < 1:
+        raise InputError(f"n_random must be an integer >= 1 (the number of random draws per row), got {n_random!r}")
+    return int(n_random)
+
+
+def check_seed(seed: Any) -> int:
+    """``seed`` as an int (any integer; it is hashed); otherwise one :class:`InputError`."""
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
+        raise InputError(f"seed must be an integer, got {seed!r}")
+    return int(seed)
+
+
+# ----------------------------------------------------------------------------- hashing
+
+
+def _shift_right(x: Tensor, bits: int) -> Tensor:
+    """Logical right shift of int64 tensors read as unsigned 64-bit words."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def splitmix64(x: Int[Tensor, "*shape"]) -> Int[Tensor, "*shape"]:
+    """The SplitMix64 finaliser (Steele, Lea, Flood 2014) on int64 tensors read as unsigned words.
+
+    Wrapping int64 arithmetic gives the same bits as the unsigned 64-bit reference.
+
+    >>> splitmix64(torch.tensor([0])).tolist()   # 0xE220A8397B1DCDAF as a signed int64
+    [-2152535657050944081]
+    """
+    z = x + _GOLDEN
+    z = (z ^ _shift_right(z, 30)) * _MIX1
+    z = (z ^ _shift_right(z, 27)) * _MIX2
+    return z ^ _shift_right(z, 31)
+
+
+def mix(*parts: Any) -> Int[Tensor, "*shape"]:
+    """Hash a tuple of integers (ints or broadcastable int tensors): ``h = splitmix64(h ^ part)`` from ``h = 0``."""
+    h = torch.zeros((), dtype=torch.int64)
+    for part in parts:
+        h = splitmix64(h ^ torch.as_tensor(part, dtype=torch.int64))
+    return h
+
+
+def row_keys(seq: Any = 0, layer: Any = 0, head: Any = 0, query_pos: Any = 0) -> Int[Tensor, "*batch"]:
+    """One int64 key per attention row, from where the row comes from (broadcast ints or int tensors).
+
+    Rows with the same ``(seq, layer, head, query_pos)`` get the same random permutations, whatever
+    else is in their batch. ``seq`` is the window's index in the corpus.
+
+    >>> row_keys(seq=torch.arange(2)[:, None], head=torch.arange(3)).shape
+    torch.Size([2, 3])
+    """
+    return mix(seq, layer, head, query_pos)
+
+
+def uniform_scores(keys: Int[Tensor, "*batch"], n_keys: int, draws: int = 1, seed: int = 0) -> Float[Tensor, "*batch draw k"]:
+    """``u[..., r, i]`` uniform in ``[0, 1)``: the top 53 bits of ``mix(seed, key, r, i)``, float64.
+
+    Parameters
+    ----------
+    keys : int64 tensor [*batch]
+        Row keys (:func:`row_keys`).
+    n_keys : int
+        ``K``; key ``i`` gets the same number whatever ``K`` is.
+    draws : int
+        Number of draws ``R``.
+    seed : int
+        The user's seed.
+    """
+    device = keys.device
+    per_draw = mix(seed, keys[..., None], torch.arange(draws, device=device))  # [*batch, R]
+    bits = splitmix64(per_draw[..., None] ^ torch.arange(n_keys, device=device))  # [*batch, R, K]
+    return _shift_right(bits, 11).to(torch.float64) * 2.0**-53
+
+
+# ----------------------------------------------------------------------------- scores and order
+
+
+@typechecked
+def ranking_scores(
+    weights: Float[Tensor, "*batch k"],
+    values: Float[Tensor, "*batch k d"] | None,
+    rank_by: str = "attention",
+    *,
+    row_keys: Int[Tensor, "*batch"] | None = None,
+    seed: int = 0,
+    draw: int = 0,
+) -> Float[Tensor, "*batch k"]:
+    """Score of every key under ``rank_by`` (higher is selected first), float64 (definitions §7).
+
+    Parameters
+    ----------
+    weights : [*batch, K]
+        Attention weights ``alpha_i``.
+    values : [*batch, K, d] or None
+        Value vectors ``v_i`` (only ``"contribution"`` needs them).
+    rank_by : "attention", "contribution", "random" or "sink_window"
+        ``alpha_i``; ``alpha_i ||v_i||``; a uniform number (see :func:`uniform_scores`); ``+inf``
+        for key 0 and ``i`` for the others.
+    row_keys : int64 [*batch], optional
+        Keys of the rows for ``"random"`` (:func:`row_keys`); default: the row's index in the
+        flattened batch (then a row's draw depends on its place in the batch).
+    seed : int, default 0
+        Seed of ``"random"``.
+    draw : int, default 0
+        Which draw of ``"random"`` (draws ``0..R-1`` of :func:`uniform_scores`).
+    """
+    check_rank_by(rank_by)
+    batch, n_keys = weights.shape[:-1], weights.shape[-1]
+    if rank_by == "attention":
+        return weights.to(torch.float64)
+    if rank_by == "contribution":
+        if values is None:
+            raise InputError('rank_by="contribution" needs the values: a_i = alpha_i ||v_i||')
+        return weights.to(torch.float64) * torch.linalg.vector_norm(values.to(torch.float64), dim=-1)
+    if rank_by == "sink_window":
+        scores = torch.arange(n_keys, dtype=torch.float64, device=weights.device)
+        scores[0] = torch.inf
+        return scores.expand(*batch, n_keys)
+    keys = default_row_keys(batch, weights.device) if row_keys is None else row_keys.to(torch.int64)
+    return uniform_scores(keys, n_keys, draws=draw + 1, seed=check_seed(seed))[..., draw, :]
+
+
+def default_row_keys(batch: Sequence[int], device: torch.device | str = "cpu") -> Int[Tensor, "*batch"]:
+    """Row keys by position in the flattened batch (``row_keys(seq=index)``)."""
+    return row_keys(seq=torch.arange(int(np.prod(batch, dtype=np.int64)), device=device).reshape(tuple(batch)))
+
+
+def selection_order(scores: Float[Tensor, "*batch k"]) -> Int[Tensor, "*batch k"]:
+    """Keys by score, highest first, ties to the lower key index: ``I_N = order[..., :N]`` (definitions §2)."""
+    return torch.argsort(scores, dim=-1, descending=True, stable=True)
+
+
+def top_n_mask(scores: Float[Tensor, "*batch k"], n: int) -> Bool[Tensor, "*batch k"]:
+    """``True`` at the keys of ``I_N``: the ``n`` highest scores (ties to the lower index); all keys if ``n >= K``."""
+    order = selection_order(scores)[..., :n]
+    return torch.zeros(scores.shape, dtype=torch.bool, device=scores.device).scatter_(-1, order, True)
+
+
+__all__ = [
+    "COSINE_EPS",
+    "DEFAULT_N_RANDOM",
+    "DETERMINISTIC_RANKINGS",
+    "DISTANCES",
+    "RANKINGS",
+    "check_distance",
+    "check_n_random",
+    "check_rank_by",
+    "check_rankings",
+    "check_seed",
+    "default_row_keys",
+    "mix",
+    "ranking_scores",
+    "row_keys",
+    "selection_order",
+    "splitmix64",
+    "top_n_mask",
+    "uniform_scores",
+]
