@@ -20,6 +20,7 @@ Everything is float64 unless the caller asks otherwise.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import einops
@@ -29,6 +30,18 @@ from torch import Tensor
 
 from ._typing import typechecked
 from .errors import InputError
+from .rankings import (
+    COSINE_EPS,
+    DEFAULT_N_RANDOM,
+    check_distance,
+    check_n_random,
+    check_rank_by,
+    check_seed,
+    default_row_keys,
+    ranking_scores,
+    selection_order,
+    uniform_scores,
+)
 from .selection import NsLike, resolve_ns, sort_by_weight
 
 #: Size in bytes of one block of the ``E`` matrix (rows x keys x sizes). About 4 MiB balances the
@@ -39,10 +52,12 @@ DEFAULT_BLOCK_BYTES = 4 << 20
 
 @dataclass(frozen=True)
 class Separability:
-    """Separability of top-N selection, per row and selection size (SPEC §2).
+    """Separability of top-N selection, per row and selection size (definitions §2 and §7).
 
-    Every field but ``ns`` has shape ``[*batch, len(ns)]``, the batch dimensions being those of the
-    weights passed to :func:`separability`.
+    Every tensor field but ``ns`` has shape ``[*batch, len(ns)]``, the batch dimensions being
+    those of the weights passed to :func:`separability`. With ``rank_by="random"`` every metric is
+    the mean over the ``n_draws`` random draws of its row (each draw's metric computed around its
+    own ``s(N)`` first, then averaged: the F-scores are means of per-draw F-scores).
 
     Attributes
     ----------
@@ -50,10 +65,15 @@ class Separability:
         The selection sizes ``N``.
     precision : ``P(r_max(N), N) = N / (N + K_out)``.
     recall : ``R(r_min(N), N) = K_in / N``; 1 at ``N = K``.
-    r_min : ``min_{j not in I_N} ||y_j - s(N)||``; ``+inf`` at ``N = K``.
-    r_max : ``max_{i in I_N} ||y_i - s(N)||``; 0 at ``N = 1``.
+    r_min : ``min_{j not in I_N} D_j``; ``+inf`` at ``N = K``.
+    r_max : ``max_{i in I_N} D_i``; 0 at ``N = 1``.
     f_at_rmax : ``2 precision / (1 + precision)``, the F-score at ``r_max`` (Corollary 1).
     f_at_rmin : ``2 recall / (1 + recall)``, the F-score at ``r_min`` (Corollary 1).
+    retained_mass : ``M_S = sum_{i in I_N} alpha_i`` (definitions §7).
+    local_error_del : ``||z - s(N)|| / ||z||`` with ``z = sum_i y_i`` the row's output (NaN if ``z = 0``).
+    local_error_ren : ``||z - s(N) / M_S|| / ||z||`` (NaN if ``z = 0`` or ``M_S = 0``).
+    rank_by, distance : the ranking and the distance used.
+    n_draws : draws averaged per row (``n_random`` for ``"random"``, else 1).
     """
 
     ns: Int[Tensor, "n"]
@@ -63,6 +83,12 @@ class Separability:
     r_max: Float[Tensor, "*batch n"]
     f_at_rmax: Float[Tensor, "*batch n"]
     f_at_rmin: Float[Tensor, "*batch n"]
+    retained_mass: Float[Tensor, "*batch n"]
+    local_error_del: Float[Tensor, "*batch n"]
+    local_error_ren: Float[Tensor, "*batch n"]
+    rank_by: str = "attention"
+    distance: str = "euclidean"
+    n_draws: int = 1
 
 
 @dataclass(frozen=True)
@@ -94,16 +120,32 @@ def check_row_inputs(weights: Tensor, values: Tensor) -> None:
         raise InputError("attention weights must be non-negative (softmax outputs); got a negative weight")
 
 
+def _check_row_keys(row_keys: Tensor | None, batch: tuple[int, ...]) -> None:
+    if row_keys is None:
+        return
+    if not isinstance(row_keys, Tensor) or row_keys.is_floating_point() or row_keys.dtype == torch.bool:
+        raise InputError("row_keys must be an integer tensor, one key per row (see tl_geometry.rankings.row_keys)")
+    if tuple(row_keys.shape) != tuple(batch):
+        raise InputError(
+            f"row_keys of shape {tuple(row_keys.shape)} do not match the rows {tuple(batch)}: give one key per row"
+        )
+
+
 @typechecked
 def separability(
     weights: Float[Tensor, "*batch k"],
     values: Float[Tensor, "*batch k d"],
     ns: NsLike = None,
     *,
+    rank_by: str = "attention",
+    distance: str = "euclidean",
+    n_random: int = DEFAULT_N_RANDOM,
+    seed: int = 0,
+    row_keys: Tensor | None = None,
     dtype: torch.dtype = torch.float64,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
 ) -> Separability:
-    """Precision, Recall, radii and F-scores of top-N selection for every row and ``N`` (SPEC §2).
+    """Precision, Recall, radii, F-scores and local output errors of top-N selection (definitions §2, §7).
 
     Parameters
     ----------
@@ -112,92 +154,316 @@ def separability(
         not sum to one). Any leading batch dimensions (sequence, head, query...).
     values : Tensor of shape [*batch, K, d]
         Value vectors ``v_i`` of the same keys, already mapped to the query head's key/value
-        head (SPEC §1).
+        head (definitions §1).
     ns : None, "all", "log", sequence of int or 1-D int tensor, default None
         Selection sizes ``N``; ``None`` means every ``N`` from 1 to ``K``. See
         :func:`tl_geometry.selection.resolve_ns`.
+    rank_by : "attention", "contribution", "random" or "sink_window", default "attention"
+        The order that defines ``I_N`` (:mod:`tl_geometry.rankings`). ``"random"`` is the control:
+        ``n_random`` uniform permutations per row, nested sets within each, each set measured
+        around its own ``s(N)``, every metric averaged over the draws.
+    distance : "euclidean" or "cosine", default "euclidean"
+        ``D_i = ||y_i - s||`` or ``1 - <y_i, s> / (||y_i|| ||s|| + 1e-12)``; balls closed.
+    n_random : int, default 16
+        Draws per row for ``rank_by="random"`` (checked always, used only there).
+    seed : int, default 0
+        Seed of the random draws.
+    row_keys : int tensor [*batch], optional
+        One key per row (:func:`tl_geometry.rankings.row_keys`) so that a row's draws do not depend
+        on its batch; default: the row's index in the flattened batch.
     dtype : torch.dtype, default torch.float64
-        Precision of the computation. Counts are decided by comparisons of distances, so keep
-        float64 unless you accept that near-ties may be counted differently.
+        Precision of the distance computation. Counts are decided by comparisons of distances, so
+        keep float64 unless you accept that near-ties may be counted differently.
     block_bytes : int, default 4 MiB
         Working-set size of one block of the distance computation; a tuning knob only.
 
     Returns
     -------
     Separability
-        Fields ``ns`` ([n]) and ``precision, recall, r_min, r_max, f_at_rmax, f_at_rmin``
-        ([*batch, n]), on the device of ``weights``.
+        ``ns`` ([n]) and ``precision, recall, r_min, r_max, f_at_rmax, f_at_rmin, retained_mass,
+        local_error_del, local_error_ren`` ([*batch, n]), on the device of ``weights``.
+
+    Notes
+    -----
+    Every row is first multiplied by powers of two (exact in floating point) so that its weights
+    sum to at most 1 and its largest value component lies in ``[1/2, 1)``; precision, recall and
+    the error ratios do not change under that scaling and the radii are scaled back, so rows of
+    any finite magnitude (``weights * 1e200``, float16 values) give the numbers of the definitions.
+
+    Examples
+    --------
+    >>> import torch
+    >>> w = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+    >>> v = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=torch.float64)
+    >>> res = separability(w, v, [1, 2, 3])
+    >>> res.precision.tolist(), res.retained_mass.tolist()
+    ([1.0, 0.6666666666666666, 1.0], [0.5, 0.75, 1.0])
+    >>> separability(w, v, [1, 2, 3], rank_by="contribution").precision.tolist()
+    [1.0, 1.0, 1.0]
+    >>> ctrl = separability(w, v, [1, 2], rank_by="random", n_random=4, seed=0)
+    >>> ctrl.n_draws, ctrl.precision.shape
+    (4, torch.Size([2]))
     """
+    rank_by, distance = check_rank_by(rank_by), check_distance(distance)
+    n_random, seed = check_n_random(n_random), check_seed(seed)
     check_row_inputs(weights, values)
+    _check_row_keys(row_keys, tuple(weights.shape[:-1]))
     n_keys = weights.shape[-1]
     ns_t = resolve_ns(ns, n_keys, device=weights.device)
-    w, packing = einops.pack([weights.to(dtype)], "* k")
-    v, _ = einops.pack([values.to(dtype)], "* k d")
-    precision, recall, r_min, r_max = _separability_rows(w, v, ns_t, block_bytes)
+    w, packing = einops.pack([weights], "* k")
+    v, _ = einops.pack([values], "* k d")
+    keys = None if row_keys is None else row_keys.reshape(-1).to(device=weights.device, dtype=torch.int64)
+    rows = _ScaledRows.of(w, v)
+    n_draws = n_random if rank_by == "random" else 1
+    order = _orders(rows, rank_by, n_draws, seed, keys)  # [R, draws, K]
+    metrics = _separability_rows(rows, order, ns_t, distance, dtype, block_bytes)
 
     def unpack(x: Tensor) -> Tensor:
-        return einops.unpack(x, packing, "* n")[0]
+        mean = einops.reduce(x, "r draw n -> r n", "mean")
+        return einops.unpack(mean, packing, "* n")[0]
 
     return Separability(
-        ns=ns_t,
-        precision=unpack(precision),
-        recall=unpack(recall),
-        r_min=unpack(r_min),
-        r_max=unpack(r_max),
-        f_at_rmax=unpack(2 * precision / (1 + precision)),
-        f_at_rmin=unpack(2 * recall / (1 + recall)),
+        ns=ns_t, **{name: unpack(x) for name, x in metrics.items()}, rank_by=rank_by, distance=distance, n_draws=n_draws
     )
 
 
+@dataclass(frozen=True)
+class _ScaledRows:
+    """Rows multiplied by powers of two, exactly: ``weights = 2^-e_w alpha`` (sum <= 1) and
+    ``values = 2^-e_v v`` (largest component in ``[1/2, 1)``), both float64; undone by
+    ``2^(e_w + e_v)`` for lengths and ``2^e_w`` for masses."""
+
+    weights: Tensor  # [R, K] float64
+    values: Tensor  # [R, K, d] float64
+    weight_exp: Tensor  # [R] int
+    value_exp: Tensor  # [R] int
+
+    @classmethod
+    def of(cls, weights: Tensor, values: Tensor) -> "_ScaledRows":
+        n_keys = weights.shape[-1]
+        w, v = weights.to(torch.float64), values.to(torch.float64)
+        weight_exp = torch.frexp(w.amax(dim=-1)).exponent + math.ceil(math.log2(n_keys))
+        v_max = v.abs().amax(dim=(-2, -1)) if v.shape[-1] else w.new_zeros(w.shape[0])
+        value_exp = torch.frexp(v_max).exponent
+        return cls(torch.ldexp(w, -weight_exp[:, None]), torch.ldexp(v, -value_exp[:, None, None]), weight_exp, value_exp)
+
+    def length_exp(self) -> Tensor:
+        return self.weight_exp + self.value_exp
+
+
+def _orders(rows: _ScaledRows, rank_by: str, n_draws: int, seed: int, keys: Tensor | None) -> Tensor:
+    """The selection order of every row and draw: [R, draws, K]."""
+    n_rows, n_keys = rows.weights.shape
+    if rank_by != "random":
+        return selection_order(ranking_scores(rows.weights, rows.values, rank_by))[:, None, :]
+    keys = default_row_keys((n_rows,), rows.weights.device) if keys is None else keys
+    return selection_order(uniform_scores(keys, n_keys, draws=n_draws, seed=seed))
+
+
 def _separability_rows(
-    weights: Tensor, values: Tensor, ns: Tensor, block_bytes: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The engine on flat rows: weights [R, K], values [R, K, d] -> four [R, G] tensors."""
-    n_rows, n_keys, _ = values.shape
-    n_sizes = ns.shape[0]
-    _, contributions = sort_by_weight(weights, values)  # y in selection order, [R, K, d]
-    centers = torch.cumsum(contributions, dim=-2)[:, ns - 1]  # s(N) for each requested N, [R, G, d]
-    sq_norms = einops.einsum(contributions, contributions, "r k d, r k d -> r k")
-    rank = torch.arange(n_keys, device=weights.device)
+    rows: _ScaledRows, order: Tensor, ns: Tensor, distance: str, dtype: torch.dtype, block_bytes: int
+) -> dict[str, Tensor]:
+    """The engine on flat rows and their draws (``order``: [R, draws, K]): one [R, draws, G] float64
+    tensor per metric.
 
-    k_out = torch.empty(n_rows, n_sizes, dtype=torch.int64, device=weights.device)
-    k_in = torch.empty_like(k_out)
-    arg_max = torch.empty_like(k_out)
-    arg_min = torch.empty_like(k_out)
-    bytes_per_cell = contributions.element_size()
-    row_block = max(1, min(n_rows, 16))
-    size_block = max(8, block_bytes // (row_block * n_keys * bytes_per_cell))
+    The contributions ``y`` stay in key order, shared by the draws of a row; each draw only brings
+    its own centres ``s(N)`` (sums of ``y`` over its ranks) and its ranks, so one matrix product per
+    row serves every draw.
+    """
+    n_rows, n_draws, n_keys = order.shape
+    device = order.device
+    out = {name: torch.empty(n_rows, n_draws, ns.shape[0], dtype=torch.float64, device=device) for name in _FIELDS}
+    row_block = max(1, min(n_rows, 16 // n_draws))
+    cell_bytes = torch.finfo(dtype).bits // 8
+    size_block = max(1, block_bytes // (row_block * n_keys * n_draws * cell_bytes))
+    n_float = ns.to(torch.float64)
     for r0 in range(0, n_rows, row_block):
-        rows = slice(r0, r0 + row_block)
-        y = contributions[rows]
-        for g0 in range(0, n_sizes, size_block):
-            sizes = slice(g0, g0 + size_block)
-            n_block = ns[sizes]
-            # E[r, i, g] = ||y_i||^2 - 2 <y_i, s(N_g)>  (= D_i(N_g)^2 - ||s(N_g)||^2)
-            e = torch.baddbmm(
-                sq_norms[rows, :, None], y, einops.rearrange(centers[rows, sizes], "r g d -> r d g"), alpha=-2
-            )
-            inside = rank[:, None] < n_block[None, :]  # [K, g]: key at rank t is in I_N
-            e_max, i_max = torch.where(inside, e, -torch.inf).max(dim=-2)
-            e_min, j_min = torch.where(inside, torch.inf, e).min(dim=-2)
-            # every selected key lies within r_max, so the ball's count minus N is K_out
-            k_out[rows, sizes] = (e <= e_max[:, None, :]).sum(dim=-2) - n_block
-            k_in[rows, sizes] = ((e <= e_min[:, None, :]) & inside).sum(dim=-2)
-            arg_max[rows, sizes] = i_max
-            arg_min[rows, sizes] = j_min
+        block = slice(r0, r0 + row_block)
+        keys = order[block]  # [r, draw, K]
+        rank = torch.empty_like(keys).scatter_(-1, keys, torch.arange(n_keys, device=device).expand_as(keys))
+        weights, values = rows.weights[block], rows.values[block]
+        y = weights[..., None] * values  # contributions in key order [r, K, d], float64
+        alpha = torch.gather(weights[:, None, :].expand_as(keys), -1, keys)  # sorted weights [r, draw, K]
+        index = (torch.arange(keys.shape[0], device=device)[:, None, None] * n_keys + keys).reshape(-1)
+        sorted_y = y.reshape(-1, y.shape[-1]).index_select(0, index).view(*keys.shape, y.shape[-1])
+        centers = _centers(sorted_y, ns)  # s(N) of every draw, [r, draw, G, d]
+        screen = _Screen.of(y, centers, rank, distance, dtype, rows.length_exp()[block])
+        parts = [screen.counts(slice(g0, g0 + size_block), ns) for g0 in range(0, ns.shape[0], size_block)]
+        k_out, k_in, r_max, r_min = (torch.cat(p, dim=-1) for p in zip(*parts))
+        out["precision"][block] = n_float / (n_float + k_out)
+        out["recall"][block] = k_in / n_float
+        scale = _pow2(rows.length_exp()[block])[:, None, None] if distance == "euclidean" else 1.0
+        out["r_max"][block] = r_max * scale
+        out["r_min"][block] = r_min * scale
+        mass = torch.cumsum(alpha, dim=-1)[..., ns - 1] * _pow2(rows.weight_exp[block])[:, None, None]
+        out["retained_mass"][block] = mass
+        z = y.sum(dim=1)[:, None, None, :]  # the head's output, [r, 1, 1, d]
+        out["local_error_del"][block], out["local_error_ren"][block] = _local_errors(z, centers, mass)
+    out["f_at_rmax"] = 2 * out["precision"] / (1 + out["precision"])
+    out["f_at_rmin"] = 2 * out["recall"] / (1 + out["recall"])
+    return out
 
-    n_float = ns.to(contributions.dtype)
-    precision = n_float / (n_float + k_out)
-    recall = k_in / n_float
-    r_max = _distance_at(contributions, centers, arg_max)
-    r_min = torch.where(ns == n_keys, torch.inf, _distance_at(contributions, centers, arg_min))
-    return precision, recall, r_min, r_max
+
+def _centers(sorted_y: Tensor, ns: Tensor) -> Tensor:
+    """``s(N) = sum_{t < N} sorted_y[..., t, :]`` for each ``N`` of ``ns``: [..., K, d] -> [..., G, d].
+
+    A running sum in selection order, so ``s(N)`` does not depend on the other sizes or the batch.
+    """
+    return torch.cumsum(sorted_y, dim=-2)[..., ns - 1, :]
 
 
-def _distance_at(contributions: Tensor, centers: Tensor, key_rank: Tensor) -> Tensor:
-    """``||y_{key_rank[r, g]} - s_g||`` computed directly: contributions [R,K,d], centers [R,G,d]."""
-    index = einops.repeat(key_rank, "r g -> r g d", d=contributions.shape[-1])
-    return torch.linalg.vector_norm(torch.gather(contributions, 1, index) - centers, dim=-1)
+def _pow2(exponents: Tensor) -> Tensor:
+    """``2 ** exponents`` in float64, exact (``inf`` / 0 beyond float64's range)."""
+    return torch.ldexp(torch.ones(exponents.shape, dtype=torch.float64, device=exponents.device), exponents)
+
+
+#: The per-row metrics of :class:`Separability`, in its order.
+_FIELDS = [
+    "precision", "recall", "r_min", "r_max", "f_at_rmax", "f_at_rmin",
+    "retained_mass", "local_error_del", "local_error_ren",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Screen:
+    """Counts and radii of one block of rows and draws, screened in ``dtype`` and decided in float64.
+
+    The screening value of key ``i`` for draw ``r`` and size ``g`` is
+    ``E = ||y_i||^2 - 2 <y_i, s_rg>`` (Euclidean: ``D_i^2 - ||s_rg||^2``, the same order as ``D_i``)
+    or the cosine distance itself, computed in ``dtype`` by one batched matrix product for all
+    draws. Its error, together with that of the direct float64 distance, is below ``band / 2``
+    (``(d + 8)`` units in the last place of ``(max ||y|| + ||s||)^2``). A key farther than ``band``
+    from a threshold is decided by ``E``; where a key lies within it, the cell is decided by direct
+    float64 distances ``||y_i - s||``. The radii are always direct float64 distances. So the counts
+    are those of the direct computation whatever ``dtype`` screens.
+    """
+
+    y: Tensor  # [r, K, d] float64, contributions in key order (scaled)
+    centers: Tensor  # [r, draw, G, d] float64
+    rank: Tensor  # [r, draw, K] rank of each key in each draw's order
+    y_screen: Tensor  # [r, K, d] dtype
+    sq_screen: Tensor  # [r, K] dtype (||y||^2, Euclidean) or ||y|| (cosine)
+    distance: str
+    eps: Tensor  # [r] float64, the cosine constant at the rows' scale
+    unit: float  # relative rounding bound of the screening and the direct distances
+
+    @classmethod
+    def of(cls, y: Tensor, centers: Tensor, rank: Tensor, distance: str, dtype: torch.dtype, length_exp: Tensor) -> "_Screen":
+        sq = einops.einsum(y, y, "r k d, r k d -> r k")
+        norms = sq if distance == "euclidean" else sq.sqrt()
+        unit = (y.shape[-1] + 8) * (torch.finfo(dtype).eps + torch.finfo(torch.float64).eps)
+        eps = COSINE_EPS * _pow2(-2 * length_exp)
+        return cls(y, centers, rank, y.to(dtype), norms.to(dtype), distance, eps, unit)
+
+    def counts(self, sizes: slice, ns: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``K_out``, ``K_in``, ``r_max``, ``r_min`` (scaled) for the sizes ``ns[sizes]``: four [r, draw, g]."""
+        s = self.centers[:, :, sizes]  # [r, draw, g, d]
+        n_block = ns[sizes]
+        n_rows, n_draws, n_sizes, _ = s.shape
+        n_keys = self.y.shape[1]
+        s_t = einops.rearrange(s.to(self.y_screen.dtype), "r draw g d -> r d (draw g)")
+        s_norm = torch.linalg.vector_norm(s, dim=-1)  # [r, draw, g] float64
+        if self.distance == "euclidean":
+            e = torch.baddbmm(self.sq_screen[:, :, None], self.y_screen, s_t, alpha=-2)
+            y_max = self.sq_screen.amax(dim=-1).to(torch.float64).sqrt()[:, None, None]
+            band = 2 * self.unit * (y_max + s_norm) ** 2
+        else:
+            norm_s = einops.rearrange(s_norm, "r draw g -> r 1 (draw g)").to(e_dtype := self.y_screen.dtype)
+            e = _cosine(torch.bmm(self.y_screen, s_t), self.sq_screen[:, :, None], norm_s, self.eps[:, None, None])
+            band = torch.full_like(s_norm, 2 * self.unit)
+        e = e.view(n_rows, n_keys, n_draws, n_sizes)
+        band = band.to(e.dtype)
+        inside = self.rank.transpose(1, 2)[..., None] < n_block  # [r, K, draw, g]: key i in I_N
+        # the selected keys with -inf elsewhere, and the others with +inf elsewhere
+        e_in = torch.where(inside, e, -torch.inf)
+        e_out = torch.where(inside, torch.inf, e)
+        e_max, i_max = e_in.max(dim=1)
+        e_min, j_min = e_out.min(dim=1)
+        n_out = (n_keys - n_block).expand_as(e_max)
+        lo_max, hi_max = e_max - band, e_max + band
+        lo_min, hi_min = e_min - band, e_min + band
+        # K_out: the others within r_max; K_in: the selected within r_min (e_in < t also counts the
+        # n_out others at -inf); each certain outside the band
+        out_lo, out_hi = (e_out < lo_max[:, None]).sum(1), (e_out <= hi_max[:, None]).sum(1)
+        in_lo, in_hi = (e_in < lo_min[:, None]).sum(1) - n_out, (e_in <= hi_min[:, None]).sum(1) - n_out
+        # radii: the direct distance at the extreme key, or the extreme over the keys near it
+        r_max, r_min = self._at(i_max, s), self._at(j_min, s)
+        unsure_max = (e_in >= lo_max[:, None]).sum(1) > 1
+        unsure_min = (e_out <= hi_min[:, None]).sum(1) > 1
+        if bool(unsure_max.any()):
+            near = (e_in >= lo_max[:, None]) & unsure_max[:, None]
+            r_max = torch.where(unsure_max, self._extreme(near, sizes, "amax"), r_max)
+        if bool(unsure_min.any()):
+            near = (e_out <= hi_min[:, None]) & unsure_min[:, None]
+            r_min = torch.where(unsure_min, self._extreme(near, sizes, "amin"), r_min)
+        r_min = torch.where(n_out == 0, torch.inf, r_min)
+        k_out, k_in = out_lo, in_lo
+        unsure_out, unsure_in = out_lo != out_hi, in_lo != in_hi
+        if bool(unsure_out.any()):
+            cells = (e_out >= lo_max[:, None]) & (e_out <= hi_max[:, None]) & unsure_out[:, None]
+            k_out = k_out + self._within(cells, sizes, r_max)
+        if bool(unsure_in.any()):
+            cells = (e_in >= lo_min[:, None]) & (e_in <= hi_min[:, None]) & unsure_in[:, None]
+            k_in = k_in + self._within(cells, sizes, r_min)
+        return k_out, k_in, r_max, r_min
+
+    def _distances(self, row: Tensor, key: Tensor, draw: Tensor, size: Tensor, sizes: slice) -> Tensor:
+        """Float64 distances of key ``key`` from ``s`` of (``draw``, ``size``) in row ``row`` (flat indices)."""
+        y, s = self.y[row, key], self.centers[:, :, sizes][row, draw, size]
+        if self.distance == "euclidean":
+            return torch.linalg.vector_norm(y - s, dim=-1)
+        dot = einops.einsum(y, s, "c d, c d -> c")
+        return _cosine(dot, torch.linalg.vector_norm(y, dim=-1), torch.linalg.vector_norm(s, dim=-1), self.eps[row])
+
+    def _at(self, key: Tensor, s: Tensor) -> Tensor:
+        """Direct distance of key ``key[r, draw, g]`` from ``s[r, draw, g]``: [r, draw, g]."""
+        n_rows, n_draws, n_sizes = key.shape
+        row = torch.arange(n_rows, device=key.device)[:, None, None].expand_as(key).reshape(-1)
+        y, s = self.y[row, key.reshape(-1)], s.reshape(-1, s.shape[-1])
+        if self.distance == "euclidean":
+            dist = torch.linalg.vector_norm(y - s, dim=-1)
+        else:
+            dot = einops.einsum(y, s, "c d, c d -> c")
+            dist = _cosine(dot, torch.linalg.vector_norm(y, dim=-1), torch.linalg.vector_norm(s, dim=-1), self.eps[row])
+        return dist.view(key.shape)
+
+    def _extreme(self, mask: Tensor, sizes: slice, reduce: str) -> Tensor:
+        """Max / min direct distance over the keys of ``mask`` [r, K, draw, g]: [r, draw, g]."""
+        row, key, draw, size = mask.nonzero(as_tuple=True)
+        dist = self._distances(row, key, draw, size, sizes)
+        n_rows, _, n_draws, n_sizes = mask.shape
+        fill = -torch.inf if reduce == "amax" else torch.inf
+        out = torch.full((n_rows * n_draws * n_sizes,), fill, dtype=torch.float64, device=mask.device)
+        out.scatter_reduce_(0, (row * n_draws + draw) * n_sizes + size, dist, reduce=reduce)
+        return out.view(n_rows, n_draws, n_sizes)
+
+    def _within(self, mask: Tensor, sizes: slice, radius: Tensor) -> Tensor:
+        """How many keys of ``mask`` [r, K, draw, g] lie within ``radius`` [r, draw, g]."""
+        row, key, draw, size = mask.nonzero(as_tuple=True)
+        hits = (self._distances(row, key, draw, size, sizes) <= radius[row, draw, size]).to(torch.int64)
+        n_rows, _, n_draws, n_sizes = mask.shape
+        out = torch.zeros(n_rows * n_draws * n_sizes, dtype=torch.int64, device=mask.device)
+        return out.index_add_(0, (row * n_draws + draw) * n_sizes + size, hits).view(n_rows, n_draws, n_sizes)
+
+
+def _cosine(dot: Tensor, norm_y: Tensor, norm_s: Tensor, eps: Tensor) -> Tensor:
+    """``1 - dot / (||y|| ||s|| + eps)`` with ``eps`` at the rows' scale; 1 where the denominator is 0."""
+    denominator = norm_y * norm_s + eps.to(dot.dtype)
+    return 1 - torch.where(denominator > 0, dot / denominator, 0.0)
+
+
+def _local_errors(z: Tensor, centers: Tensor, mass: Tensor) -> tuple[Tensor, Tensor]:
+    """``||z - s|| / ||z||`` and ``||z - s / M_S|| / ||z||`` (definitions §7), float64; NaN where ``z = 0``
+    (and, for the second, where ``M_S = 0``).
+
+    ``z`` and ``s`` are scaled by the same power of two as the row, ``mass`` is not: the ratios
+    equal those of the unscaled row.
+    """
+    z_norm = torch.linalg.vector_norm(z, dim=-1)
+    deletion = torch.linalg.vector_norm(z - centers, dim=-1) / z_norm
+    renormalised = torch.linalg.vector_norm(z - centers / mass[..., None], dim=-1) / z_norm
+    nan = torch.tensor(torch.nan, dtype=torch.float64, device=z.device)
+    return torch.where(z_norm > 0, deletion, nan), torch.where((z_norm > 0) & (mass > 0), renormalised, nan)
 
 
 @typechecked
@@ -270,7 +536,7 @@ def precision_recall_at_radius(
 def _direct_distances(weights: Tensor, values: Tensor, ns: Tensor, max_block_bytes: int) -> Tensor:
     """``D[r, t, g] = ||y_(t) - s(N_g)||`` for keys in selection order ``t``: [R, K, G]."""
     _, contributions = sort_by_weight(weights, values)
-    centers = torch.cumsum(contributions, dim=-2)[:, ns - 1]
+    centers = _centers(contributions, ns)  # as the engine forms them
     n_rows, n_keys, dim = contributions.shape
     per_size = n_rows * n_keys * dim * contributions.element_size()
     size_block = max(1, max_block_bytes // max(per_size, 1))
