@@ -184,7 +184,7 @@ def regime_function(
     >>> from tl_geometry.taxonomy import regime_feature_table
     >>> feats = regime_feature_table(torch.softmax(torch.randn(4, 6, 16), -1), torch.randn(4, 6, 16, 8))
     >>> summary = regime_function(feats, torch.rand(1, 6), mode="nearest", n_resamples=99)
-    >>> summary.table.n_heads.sum()
+    >>> int(summary.table.n_heads.sum())
     6
     """
     from scipy import stats
