@@ -9,7 +9,7 @@ Attention" under the definitions of SPEC.md. Start with::
     result.separability
 """
 
-from . import corpus, diagnostics, patching, plot, report, taxonomy, theory, vis
+from . import corpus, diagnostics, intervention, patching, plot, report, taxonomy, theory, vis
 from .analysis import AnalysisResult, analyze, corpus_tokens, load_result
 from .diagnostics import (
     AttentionProfileFit,
@@ -22,6 +22,14 @@ from .diagnostics import (
     value_norm_stats,
 )
 from .errors import InputError, ModelError, TLGeometryError
+from .intervention import (
+    SparsificationCurve,
+    geometry_vs_function,
+    load_curve,
+    localized_loss,
+    sparsification_curve,
+    top_n_attention,
+)
 from .models import DEFAULT_MODEL, ModelInfo, describe_model, kv_head_index, load_model
 from .observers import Observer, RowObserver, SeparabilityObserver
 from .settings import AnalysisSettings
@@ -63,6 +71,13 @@ from .theory import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "SparsificationCurve",
+    "geometry_vs_function",
+    "intervention",
+    "load_curve",
+    "localized_loss",
+    "sparsification_curve",
+    "top_n_attention",
     "AnalysisResult",
     "AnalysisSettings",
     "ClassificationStability",
