@@ -9,6 +9,8 @@ Attention" under the definitions of SPEC.md. Start with::
     result.separability
 """
 
+from importlib import metadata as _metadata
+
 from . import corpus, diagnostics, intervention, patching, plot, report, taxonomy, theory, vis
 from .analysis import AnalysisResult, analyze, corpus_tokens, load_result
 from .diagnostics import (
@@ -68,7 +70,10 @@ from .theory import (
     size_phases,
 )
 
-__version__ = "0.1.0"
+try:  # the version lives in pyproject.toml only; an installed package (editable too) carries it
+    __version__ = _metadata.version("tl-geometry")
+except _metadata.PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "SparsificationCurve",

@@ -54,7 +54,7 @@ def similarity_curves(
     *,
     selected: tuple[int, int] | None = None,
 ) -> go.Figure:
-    """Measured ``c(k)`` and its fit ``exp(-beta k)``: median and quartiles across (layer, kv_head), one pair selectable (Fig. 3's data).
+    """``c(k)`` and its fit ``exp(-beta k)``: median and quartiles across (layer, kv_head), one pair selectable (Fig. 3).
 
     Parameters
     ----------
@@ -105,7 +105,8 @@ def similarity_curves(
         fig.add_trace(go.Scatter(x=one["k"].to_numpy(), y=as_array(one["fit"]), mode="lines", name=f"{group}: fit",
                                  legendgroup=group, visible=visible, line=dict(color=_SELECTED, dash="dash")))  # fmt: skip
     fig.update_layout(updatemenus=[_pair_menu(chosen, first)])
-    title = f"Cosine similarity by lag, c(k), and its fit exp(−βk) (Fig. 3): median and quartiles of {len(chosen)} (layer, kv_head) pairs"
+    title = (f"Cosine similarity by lag, c(k), and its fit exp(−βk) (Fig. 3): median and quartiles of {len(chosen)} "
+             "(layer, kv_head) pairs")  # fmt: skip
     return base_layout(fig, title, "lag k = |i − j| (positions)", "mean cos(v_i, v_j), i, j > 0")
 
 

@@ -303,7 +303,7 @@ def classify_heads(
     >>> w = torch.softmax(torch.randn(4, 3, 32), -1)   # [seq, head, key] weights
     >>> v = torch.randn(4, 3, 32, 8)                   # [seq, head, key, d_head] values
     >>> heads = classify_heads(regime_feature_table(w, v), mode="nearest")
-    >>> heads.regime.isin(["Retriever", "Reset", "Mixer"]).all()   # nearest labels every head
+    >>> bool(heads.regime.isin(["Retriever", "Reset", "Mixer"]).all())   # nearest labels every head
     True
     """
     if mode not in MODES:
