@@ -132,3 +132,15 @@ def test_cli_refuses_bad_rankings_before_loading(option, match, tmp_path, capsys
     err = capsys.readouterr().err
     assert code == 2 and match in err
     assert not (tmp_path / "run").exists()
+
+
+def test_ranking_figure_draws_the_mean_per_ranking_and_n(two):
+    fig = tlg.plot.separability_by_ranking(two, ["precision", "f_at_rmax"], query_pos=23)
+    sep = two.separability[two.separability.query_pos == 23]
+    assert [t.name for t in fig.data] == ["attention", "random", "contribution"] * 2
+    for trace, (metric, name) in zip(fig.data, [(m, r) for m in ("precision", "f_at_rmax") for r in ("attention", "random", "contribution")]):
+        want = sep[sep.rank_by == name].groupby("n")[metric].mean()
+        assert trace.x.tolist() == want.index.tolist() and trace.y.tolist() == want.tolist()
+    assert fig.layout.xaxis.type == "log"
+    with pytest.raises(InputError, match="unknown metrics"):
+        tlg.plot.separability_by_ranking(two, ["mass"])
