@@ -11,7 +11,7 @@ Attention" under the definitions of SPEC.md. Start with::
 
 from importlib import metadata as _metadata
 
-from . import corpus, diagnostics, patching, plot, report, taxonomy, theory, vis
+from . import corpus, diagnostics, intervention, patching, plot, report, taxonomy, theory, vis
 from .analysis import AnalysisResult, analyze, corpus_tokens, load_result
 from .diagnostics import (
     AttentionProfileFit,
@@ -24,6 +24,14 @@ from .diagnostics import (
     value_norm_stats,
 )
 from .errors import InputError, ModelError, TLGeometryError
+from .intervention import (
+    SparsificationCurve,
+    geometry_vs_function,
+    load_curve,
+    localized_loss,
+    sparsification_curve,
+    top_n_attention,
+)
 from .models import DEFAULT_MODEL, ModelInfo, describe_model, kv_head_index, load_model
 from .observers import Observer, RowObserver, SeparabilityObserver
 from .settings import AnalysisSettings
@@ -68,6 +76,13 @@ except _metadata.PackageNotFoundError:  # a source tree on sys.path that was nev
     __version__ = "0+unknown"
 
 __all__ = [
+    "SparsificationCurve",
+    "geometry_vs_function",
+    "intervention",
+    "load_curve",
+    "localized_loss",
+    "sparsification_curve",
+    "top_n_attention",
     "AnalysisResult",
     "AnalysisSettings",
     "ClassificationStability",
