@@ -52,6 +52,7 @@ __all__ = [
     "separability",
     "envelopes",
     "separability_by_ranking",
+    "RANKING_COLORS",
     "sink_correlation",
     "regime_diagnostics",
     "regimes_by_layer",
