@@ -52,3 +52,23 @@ def test_head_grid_names_the_nearest_label_where_it_differs(llama_bridge) -> Non
     grid = head_grid(llama_bridge, "def f(x):\n    return x", heads, sort_by_regime=False)
     assert grid.names == ["L0H0 · Reset", "L0H1 · Unclassified (nearest: Mixer)", "L1H2 · Mixer"]
     assert grid.heads.regime_nearest.tolist() == ["Reset", "Mixer", "Mixer"]
+
+
+def test_cli_mean_ablation_feeds_the_effect_figure(tmp_path, capsys, monkeypatch) -> None:
+    from conftest import tiny_llama_bridge
+    from tl_geometry import cli
+
+    model = tiny_llama_bridge()
+    monkeypatch.setattr(tlg, "load_model", lambda name, **kw: model)
+    out = tmp_path / "run"
+    base = ["run", "--n-seqs", "2", "--seq-len", "24", "--no-progress", "--no-bounds", "--no-diagnostics"]
+    assert cli.main(base + ["--out", str(out), "--mean-ablation"]) == 0
+    effects = pd.read_parquet(out / EFFECTS_FILE)
+    want = tlg.patching.mean_ablation(model, tlg.load_result(out).tokens[:1, : cli.ABLATION_TOKENS])
+    pd.testing.assert_frame_equal(effects, want)
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert "pass effects=" not in _section(page, "taxonomy")
+    assert cli.main(base + ["--out", str(tmp_path / "plain")]) == 0  # without the flag: no ablation, a note
+    assert not (tmp_path / "plain" / EFFECTS_FILE).exists()
+    assert "tl-geometry run --mean-ablation" in _section((tmp_path / "plain" / "index.html").read_text(encoding="utf-8"), "taxonomy")
+    capsys.readouterr()
