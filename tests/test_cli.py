@@ -84,7 +84,10 @@ def test_run_writes_tables_report_and_resumes(tmp_path, capsys, tiny_cli, monkey
         assert (out / name).is_file(), name
     table = pd.read_parquet(out / "separability.parquet")
     assert sorted(table.seq.unique()) == [0, 1, 2]
-    assert not table.duplicated(["seq", "layer", "head", "query_pos", "n"]).any()
+    assert not table.duplicated(["seq", "layer", "head", "query_pos", "rank_by", "n"]).any()
+    # the random control runs by default, next to attention (definitions §7)
+    assert table.rank_by.unique().tolist() == ["attention", "random"]
+    assert set(table.n_draws[table.rank_by == "random"]) == {16}
     info = json.loads((out / "run.json").read_text())
     assert info["parameters"]["kappa"] == 0.5 and info["versions"]["torch"]
     # a fresh run gives the same table as the interrupted-then-resumed one

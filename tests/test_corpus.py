@@ -67,3 +67,16 @@ def test_from_tokens_checks_its_input() -> None:
     assert (t.n_seqs, t.seq_len) == (2, 6)
     with pytest.raises(tlg.InputError, match="integer ids"):
         tlg.corpus.from_tokens(torch.rand(2, 6))
+
+
+def test_numpy_integer_sizes_are_accepted_as_ints_and_bools_refused() -> None:
+    import numpy as np
+
+    corpus = tlg.corpus.from_texts(["hello world " * 10], n_seqs=np.int64(2), seq_len=np.int32(8))
+    assert type(corpus.n_seqs) is int and type(corpus.seq_len) is int
+    assert corpus.windows(byte_tokenizer(), 0).shape == (2, 8)
+    assert json.dumps({"n_seqs": corpus.n_seqs, "seq_len": corpus.seq_len}) == '{"n_seqs": 2, "seq_len": 8}'
+    with pytest.raises(tlg.InputError, match="n_seqs must be a positive integer"):
+        tlg.corpus.from_texts(["hello"], n_seqs=True, seq_len=8)
+    with pytest.raises(tlg.InputError, match="seq_len must be an integer >= 2"):
+        tlg.corpus.from_texts(["hello"], n_seqs=1, seq_len=8.0)

@@ -165,7 +165,7 @@ def test_duplicate_sizes_with_bounds_run(tmp_path, capsys, tiny_cli) -> None:
     assert code == 0, err
     table = pd.read_parquet(tmp_path / "run" / "separability.parquet")
     assert sorted(table.n.unique()) == [1, 2] and "precision_lower" in table
-    assert not table.duplicated(["seq", "layer", "head", "query_pos", "n"]).any()
+    assert not table.duplicated(["seq", "layer", "head", "query_pos", "rank_by", "n"]).any()
 
 
 @pytest.mark.parametrize("kappa", ["nan", "inf", "-1"])

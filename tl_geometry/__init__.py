@@ -9,7 +9,9 @@ Attention" under the definitions of SPEC.md. Start with::
     result.separability
 """
 
-from . import corpus, diagnostics, patching, plot, report, taxonomy, theory, vis
+from importlib import metadata as _metadata
+
+from . import corpus, diagnostics, intervention, patching, plot, report, taxonomy, theory, vis
 from .analysis import AnalysisResult, analyze, corpus_tokens, load_result
 from .diagnostics import (
     AttentionProfileFit,
@@ -22,6 +24,14 @@ from .diagnostics import (
     value_norm_stats,
 )
 from .errors import InputError, ModelError, TLGeometryError
+from .intervention import (
+    SparsificationCurve,
+    geometry_vs_function,
+    load_curve,
+    localized_loss,
+    sparsification_curve,
+    top_n_attention,
+)
 from .models import DEFAULT_MODEL, ModelInfo, describe_model, kv_head_index, load_model
 from .observers import Observer, RowObserver, SeparabilityObserver
 from .settings import AnalysisSettings
@@ -60,9 +70,19 @@ from .theory import (
     size_phases,
 )
 
-__version__ = "0.1.0"
+try:  # the version lives in pyproject.toml only; an installed package (editable too) carries it
+    __version__ = _metadata.version("tl-geometry")
+except _metadata.PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
+    "SparsificationCurve",
+    "geometry_vs_function",
+    "intervention",
+    "load_curve",
+    "localized_loss",
+    "sparsification_curve",
+    "top_n_attention",
     "AnalysisResult",
     "AnalysisSettings",
     "ClassificationStability",

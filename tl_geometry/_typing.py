@@ -8,8 +8,10 @@ argument, the expected shape and the shape received.
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+import numbers
+from typing import Any, Callable, TypeVar
 
+import numpy as np
 import torch
 from beartype import beartype
 from jaxtyping import jaxtyped
@@ -24,3 +26,12 @@ ACC_DTYPE = torch.float64
 def typechecked(fn: F) -> F:
     """Check ``fn``'s jaxtyping annotations at run time (jaxtyping + beartype)."""
     return jaxtyped(typechecker=beartype)(fn)
+
+
+def is_integer(value: Any) -> bool:
+    """True for Python and numpy integers, False for bools (``True`` is not a count), floats and the rest.
+
+    >>> [is_integer(v) for v in (3, np.int64(3), True, 3.0, "3")]
+    [True, True, False, False, False]
+    """
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))

@@ -31,11 +31,11 @@ from .corpus import Corpus, TokenCorpus, from_texts, from_tokens
 from .diagnostics import DiagnosticsObserver
 from .errors import InputError
 from .models import ModelInfo, describe_model, load_model
-from .observers import SEPARABILITY_METRICS, Observer, RowObserver, SeparabilityObserver
+from .observers import LOCAL_ERROR_METRICS, SEPARABILITY_METRICS, Observer, RowObserver, SeparabilityObserver
 from .selection import NsLike
 from .settings import AnalysisSettings
 from .store import RunStore, run_identity
-from .tables import KEY_COLUMNS, empty_table
+from .tables import KEY_COLUMNS, REFERENCE_RANKING, attention_rows, empty_table
 from .taxonomy import TaxonomyObserver, classify_heads, rho0_table, sink_effect
 from .theory.bounds import RhoLike
 from .theory.observer import BoundsObserver, envelopes
@@ -51,10 +51,13 @@ class AnalysisResult:
     Attributes
     ----------
     separability : DataFrame
-        One row per (seq, layer, head, query_pos, n) with the columns ``seq, layer, head,
-        kv_head, query_pos, n, precision, recall, r_min, r_max, f_at_rmax, f_at_rmin``
-        (SPEC §2). Nothing is averaged: aggregate it yourself, e.g.
-        ``result.separability.groupby("n")[["precision", "recall"]].mean()``.
+        One row per (seq, layer, head, query_pos, n) and ranking with the columns ``seq, layer,
+        head, kv_head, query_pos, n, rank_by, precision, recall, r_min, r_max, f_at_rmax,
+        f_at_rmin, retained_mass, local_error_del, local_error_ren, distance, n_draws``
+        (definitions §2 and §7). Nothing is averaged over rows; a ``rank_by="random"`` row holds
+        the mean over its ``n_draws`` random draws. Aggregate it yourself, e.g.
+        ``result.separability.groupby(["rank_by", "n"])[["precision", "recall"]].mean()``, or
+        with :meth:`mean_by_ranking`.
     model : ModelInfo
         The model's geometry (layers, heads, key/value heads, ``d_head``, BOS...).
     config : dict
@@ -87,8 +90,27 @@ class AnalysisResult:
     regime_features: pd.DataFrame | None = field(default=None, repr=False)
 
     def mean_by_n(self) -> pd.DataFrame:
-        """Mean precision, recall and F-scores per ``N`` over every sequence, layer, head and query."""
-        return self.separability.groupby("n")[SEPARABILITY_METRICS].mean().reset_index()
+        """Mean precision, recall and F-scores per ``N`` over every sequence, layer, head and query,
+        for the attention ranking (definitions §2; the other rankings: :meth:`mean_by_ranking`)."""
+        return attention_rows(self.separability).groupby("n")[SEPARABILITY_METRICS].mean().reset_index()
+
+    def mean_by_ranking(self) -> pd.DataFrame:
+        """Per ranking and ``N``: the mean of every metric and local error over every sequence, layer,
+        head and query position (a random row is already the mean of its draws), and ``n_rows``.
+
+        Rankings come in the order of ``rank_by``; compare attention with the random control at
+        each ``N`` (definitions §7).
+        """
+        table = self.separability
+        if "rank_by" not in table.columns:
+            table = table.assign(rank_by=REFERENCE_RANKING)
+        metrics = [c for c in [*SEPARABILITY_METRICS, *LOCAL_ERROR_METRICS] if c in table.columns]
+        grouped = table.groupby(["rank_by", "n"], sort=False)
+        out = grouped[metrics].mean()
+        out["n_rows"] = grouped.size()
+        order = {name: i for i, name in enumerate(self.config.get("rank_by") or table["rank_by"].unique())}
+        out = out.reset_index()
+        return out.sort_values(["rank_by", "n"], key=lambda c: c.map(order) if c.name == "rank_by" else c).reset_index(drop=True)
 
     def envelopes(self, by: Sequence[str] = ("n",)) -> pd.DataFrame:
         """Per ``N``: mean precision / recall, the mean envelopes, and the share of rows inside.
@@ -98,7 +120,7 @@ class AnalysisResult:
         """
         if "precision_lower" not in self.separability:
             raise InputError("this result has no bounds: run tlg.analyze(..., bounds=True) first")
-        table = envelopes(self.separability, by)
+        table = envelopes(attention_rows(self.separability), by)
         table.attrs["kappa"] = (self.config.get("bounds") or {}).get("kappa")
         return table
 
@@ -115,7 +137,7 @@ class AnalysisResult:
             rho0 = self.similarity
         else:
             raise InputError("this result has no rho_0: run tlg.analyze(..., taxonomy=True) or diagnostics=True")
-        return sink_effect(self.separability, rho0, query_pos=query_pos)
+        return sink_effect(attention_rows(self.separability), rho0, query_pos=query_pos)
 
     def classify_heads(self, query_pos: int | None = None, *, mode: str = "strict", **thresholds: Any) -> pd.DataFrame:
         """Retriever / Reset / Mixer / Unclassified per (layer, head) (definitions §5), ``mode="strict"`` or
@@ -212,6 +234,10 @@ def analyze(
     bounds: bool = False,
     kappa: float = 0.5,
     rho: RhoLike = "measured",
+    rank_by: str | Sequence[str] = ("attention",),
+    distance: str = "euclidean",
+    n_random: int = 16,
+    seed: int = 0,
     out_dir: str | Path | None = None,
     resume: bool = True,
     progress: bool = True,
@@ -258,6 +284,20 @@ def analyze(
     rho : "measured", SimilarityModel or ("model", beta, rho_0), default "measured"
         Source of the cosines in the bounds: the values' own cosines, or the assumption model
         ``exp(-beta |j-k|)`` with ``rho_0`` to the sink (see :func:`tl_geometry.theory.bounds.bounds`).
+    rank_by : str or sequence of str, default ("attention",)
+        The rankings that define ``I_N`` (definitions §7), one block of rows each in
+        ``result.separability`` (column ``rank_by``): ``"attention"`` (definitions §2),
+        ``"contribution"`` (``alpha_i ||v_i||``), ``"random"`` (the control: ``n_random`` uniform
+        permutations per row, each measured around its own ``s(N)``, averaged) and
+        ``"sink_window"`` (the sink and the most recent keys). Everything that reads one
+        ranking (taxonomy, bounds, figures, report) reads the attention rows.
+    distance : "euclidean" or "cosine", default "euclidean"
+        The distance of the balls (definitions §7).
+    n_random : int, default 16
+        Random draws per row of the random control.
+    seed : int, default 0
+        Seed of the random control; a row's draws are keyed by (seq, layer, head, query_pos), so
+        they do not depend on ``batch_size`` or on resuming.
     out_dir : str or Path, optional
         If given, results are appended to ``out_dir/separability/`` after every batch, and an
         interrupted run with the same arguments resumes from what was written (``resume=True``).
@@ -273,6 +313,7 @@ def analyze(
     settings = AnalysisSettings(
         ns=ns, query_positions=query_positions, layers=layers, batch_size=batch_size, dtype=dtype,
         diagnostics=diagnostics, k_max=k_max, taxonomy=taxonomy, bounds=bounds, kappa=kappa, rho=rho,
+        rank_by=rank_by, distance=distance, n_random=n_random, seed=seed,
     )  # fmt: skip
     plan = plan_analysis(model, corpus, settings)
     return run_analysis(plan, out_dir=out_dir, resume=resume, progress=progress)
@@ -317,6 +358,10 @@ class AnalysisPlan:
             "bounds": {"kappa": s.kappa, "rho": str(s.rho)} if s.bounds else None,
             "diagnostics": {"k_max": s.k_max} if s.diagnostics else None,
             "taxonomy": s.taxonomy,
+            "rank_by": list(s.rank_by),
+            "distance": s.distance,
+            "n_random": s.n_random if s.random_control else None,
+            "seed": s.seed if s.random_control else None,
         }
 
     def identity(self) -> dict[str, Any]:
@@ -387,7 +432,9 @@ class _Wiring:
     @classmethod
     def build(cls, plan: AnalysisPlan) -> "_Wiring":
         s, info = plan.settings, plan.info
-        rows: list[RowObserver] = [SeparabilityObserver(info, s.ns, s.dtype)]
+        rows: list[RowObserver] = [
+            SeparabilityObserver(info, s.ns, s.dtype, s.rank_by, s.distance, s.n_random, s.seed)
+        ]
         if s.bounds:
             rows.append(BoundsObserver(info, s.ns, s.kappa, s.dtype, s.rho))
         diag = DiagnosticsObserver(info, k_max=s.k_max) if s.diagnostics else None
@@ -406,9 +453,10 @@ class _Wiring:
         """The rows of the last batch, every row observer's columns side by side."""
         table = self.rows[0].take()
         for obs in self.rows[1:]:
-            extra = obs.take()
+            extra = obs.take()  # one ranking (the bounds: attention selection)
             attrs = {**table.attrs, **extra.attrs}
-            table = table.merge(extra, on=KEY_COLUMNS, how="left", validate="one_to_one")
+            extra = extra.assign(rank_by=REFERENCE_RANKING)
+            table = table.merge(extra, on=[*KEY_COLUMNS, "rank_by"], how="left", validate="one_to_one")
             table.attrs = attrs
         return table
 
@@ -447,7 +495,11 @@ def _run_batches(
 
 def _assemble(plan: AnalysisPlan, wiring: _Wiring, table: pd.DataFrame, timings: dict) -> AnalysisResult:
     """The :class:`AnalysisResult`: the rows in key order and the accumulators' tables."""
-    table = table.sort_values(["seq", "layer", "head", "query_pos", "n"], kind="stable").reset_index(drop=True)
+    order = {name: i for i, name in enumerate(plan.settings.rank_by)}
+    table = table.sort_values(
+        ["seq", "layer", "head", "query_pos", "rank_by", "n"],
+        key=lambda c: c.map(order) if c.name == "rank_by" else c, kind="stable",
+    ).reset_index(drop=True)
     extra = wiring.diagnostics.tables().as_dict() if wiring.diagnostics is not None else {}
     if wiring.taxonomy is not None:
         extra["regime_features"] = wiring.taxonomy.features()

@@ -65,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="mean-ablate each head over the first window's first 128 tokens for the report's effect by "
                      "regime (one forward pass per head: about 6 min for SmolLM2 on one CPU thread)")  # fmt: skip
     run.add_argument("--batch-size", type=int, default=4, help="windows per forward pass (default 4)")
+    run.add_argument(
+        "--rank-by", default="attention,random",
+        help="rankings that define the top-N set, a comma list of attention, contribution, random, sink_window "
+        "(default attention,random: attention with the random control)",
+    )  # fmt: skip
+    run.add_argument("--distance", default="euclidean", help="'euclidean' (default) or 'cosine'")
+    run.add_argument("--n-random", type=int, default=16, help="random draws per row of the random control (default 16)")
+    run.add_argument("--seed", type=int, default=0, help="seed of the random control (default 0)")
     run.add_argument("--out", default="runs/default", help="output directory (default runs/default)")
     group = run.add_mutually_exclusive_group()
     group.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
@@ -102,7 +110,8 @@ def _settings(args: argparse.Namespace):
         ns=_parse_ints(args.ns, "--ns", ("log", "all")),
         query_positions=_parse_ints(args.query, "--query", AnalysisSettings.QUERY_WORDS),
         batch_size=args.batch_size, diagnostics=not args.no_diagnostics, bounds=not args.no_bounds,
-        kappa=args.kappa,
+        kappa=args.kappa, rank_by=[name.strip() for name in args.rank_by.split(",") if name.strip()],
+        distance=args.distance, n_random=args.n_random, seed=args.seed,
     )  # fmt: skip
 
 
@@ -295,6 +304,16 @@ def _done_count(out: Path) -> int:
         return 0
 
 
+def _ranking_lines(result) -> list[str]:
+    """Mean f_at_rmax per ranking at a few N (the random control next to attention), when several were run."""
+    by = result.mean_by_ranking()
+    if by["rank_by"].nunique() < 2:
+        return []
+    by = by[by.n.isin([1, 2, 4, 8, 16, 32, 64]) | (by.n == by.n.max())]
+    wide = by.pivot(index="rank_by", columns="n", values="f_at_rmax").reindex(by["rank_by"].unique())
+    return ["mean f_at_rmax by ranking (random: mean over draws):", wide.to_string(float_format="%.3f")]
+
+
 def _summary(result, heads, out: Path, page: Path, load_s: float) -> str:
     m, c, t = result.model, result.config, result.timings
     by_n = result.mean_by_n()
@@ -308,6 +327,7 @@ def _summary(result, heads, out: Path, page: Path, load_s: float) -> str:
         f"time     load {load_s:.1f}s, forward {t['forward_s']:.1f}s, analysis {t['analysis_s']:.1f}s",
         "mean over windows, layers and heads:",
         table,
+        *_ranking_lines(result),
         f"regimes  {regime_line}",
     ]
     if result.value_norms is not None:

@@ -20,6 +20,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from ._typing import is_integer
 from .errors import InputError
 
 
@@ -45,7 +46,9 @@ class Corpus:
     seq_len: int
 
     def __post_init__(self) -> None:
-        _check_geometry(self.n_seqs, self.seq_len)
+        n_seqs, seq_len = _check_geometry(self.n_seqs, self.seq_len)
+        object.__setattr__(self, "n_seqs", n_seqs)  # numpy integers become ints: the corpus is saved as JSON
+        object.__setattr__(self, "seq_len", seq_len)
 
     def windows(self, tokenizer: Any, bos_token_id: int | None, eos_token_id: int | None = None) -> Int[Tensor, "seq pos"]:
         """Tokenise and cut the texts into windows: int64 tensor ``[n_seqs, seq_len]``."""
@@ -98,11 +101,13 @@ class TokenCorpus:
         return self.tokens
 
 
-def _check_geometry(n_seqs: int | None, seq_len: int) -> None:
-    if n_seqs is not None and (not isinstance(n_seqs, int) or n_seqs < 1):
+def _check_geometry(n_seqs: Any, seq_len: Any) -> tuple[int | None, int]:
+    """``n_seqs`` and ``seq_len`` as Python ints (numpy integers accepted, bools and floats not)."""
+    if n_seqs is not None and (not is_integer(n_seqs) or n_seqs < 1):
         raise InputError(f"n_seqs must be a positive integer or None (all windows), got {n_seqs!r}")
-    if not isinstance(seq_len, int) or seq_len < 2:
+    if not is_integer(seq_len) or seq_len < 2:
         raise InputError(f"seq_len must be an integer >= 2 (BOS plus at least one token), got {seq_len!r}")
+    return (None if n_seqs is None else int(n_seqs)), int(seq_len)
 
 
 def _token_stream(texts: Iterable[str], tokenizer: Any, eos_token_id: int | None, needed: int | None) -> list[int]:

@@ -30,11 +30,16 @@ from .capture import LayerBatch, values_per_head
 from .errors import InputError
 from .models import ModelInfo
 from .selection import NsLike
+from .rankings import DEFAULT_N_RANDOM, check_distance, check_n_random, check_rankings, check_seed, row_keys
 from .separability import separability
 from .tables import KEY_COLUMNS, empty_table, head_rows_table
 
 #: Metric columns of the separability table, after :data:`~tl_geometry.tables.KEY_COLUMNS`.
 SEPARABILITY_METRICS = ["precision", "recall", "r_min", "r_max", "f_at_rmax", "f_at_rmin"]
+#: The local output errors of a selection (definitions §7), after the metrics.
+LOCAL_ERROR_METRICS = ["retained_mass", "local_error_del", "local_error_ren"]
+#: Every column of the separability table after the keys, in order.
+SEPARABILITY_COLUMNS = ["rank_by", *SEPARABILITY_METRICS, *LOCAL_ERROR_METRICS, "distance", "n_draws"]
 
 _ROW_STATE_VERSION = 1
 
@@ -135,10 +140,14 @@ class RowMetricsObserver:
 
 
 class SeparabilityObserver(RowMetricsObserver):
-    """Computes :func:`tl_geometry.separability` for every head and chosen query row of a layer.
+    """Computes :func:`tl_geometry.separability` for every head, chosen query row and ranking of a layer.
 
-    One row per ``(seq, layer, head, query_pos, n)`` with the columns :data:`KEY_COLUMNS` and
-    :data:`SEPARABILITY_METRICS` (float64), as in ``AnalysisResult.separability``.
+    One row per ``(seq, layer, head, query_pos, n)`` and ranking with the columns :data:`KEY_COLUMNS`
+    and :data:`SEPARABILITY_COLUMNS`: ``rank_by``, the metrics and local errors (float64), the
+    ``distance`` and ``n_draws`` (random draws averaged in the row; 1 for the other rankings), as in
+    ``AnalysisResult.separability``. The random draws of a row are keyed by its
+    ``(seq, layer, head, query_pos)`` (:func:`tl_geometry.rankings.row_keys`), so they do not depend
+    on the batch or on resuming.
 
     Parameters
     ----------
@@ -148,6 +157,13 @@ class SeparabilityObserver(RowMetricsObserver):
         Selection sizes, resolved per query row (``K = q + 1`` keys).
     dtype : torch.dtype, default torch.float64
         Precision of the computation.
+    rank_by : str or sequence of str, default ("attention",)
+        The rankings (definitions §7), one block of rows each.
+    distance : "euclidean" or "cosine", default "euclidean"
+    n_random : int, default 16
+        Draws per row of the random control.
+    seed : int, default 0
+        Seed of the random control.
 
     Examples
     --------
@@ -164,18 +180,49 @@ class SeparabilityObserver(RowMetricsObserver):
     {'head': [0, 0, 1, 1], 'n': [1, 4, 1, 4], 'precision': [1.0, 1.0, 1.0, 1.0], 'recall': [1.0, 1.0, 1.0, 1.0]}
     """
 
-    columns = SEPARABILITY_METRICS
+    columns = SEPARABILITY_COLUMNS
 
-    def __init__(self, info: ModelInfo, ns: NsLike, dtype: torch.dtype = torch.float64) -> None:
+    def __init__(
+        self,
+        info: ModelInfo,
+        ns: NsLike,
+        dtype: torch.dtype = torch.float64,
+        rank_by: Any = ("attention",),
+        distance: str = "euclidean",
+        n_random: int = DEFAULT_N_RANDOM,
+        seed: int = 0,
+    ) -> None:
         super().__init__(info, ns)
         self.dtype = dtype
+        self.rank_by = check_rankings(rank_by)
+        self.distance = check_distance(distance)
+        self.n_random = check_n_random(n_random)
+        self.seed = check_seed(seed)
 
     def settings(self) -> dict:
-        return {**super().settings(), "dtype": str(self.dtype)}
+        return {
+            **super().settings(), "dtype": str(self.dtype), "rank_by": list(self.rank_by),
+            "distance": self.distance, "n_random": self.n_random, "seed": self.seed,
+        }  # fmt: skip
 
-    def metrics(self, weights: Tensor, values: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        res = separability(weights, values, self.ns, dtype=self.dtype)
-        return res.ns, {name: getattr(res, name) for name in SEPARABILITY_METRICS}
+    def observe(self, batch: LayerBatch) -> None:
+        """Add the rows of one layer of one forward pass, one block per ranking."""
+        values = values_per_head(batch.values, self.kv_head_of)  # [b, h, L, d]
+        heads = torch.arange(values.shape[1], device=batch.seq_ids.device)
+        for qi, q in enumerate(batch.query_positions):
+            weights, row_values = batch.weights[:, :, qi, : q + 1], values[:, :, : q + 1]
+            keys = row_keys(seq=batch.seq_ids[:, None], layer=batch.layer, head=heads[None, :], query_pos=q)
+            for rank_by in self.rank_by:
+                res = separability(
+                    weights, row_values, self.ns, rank_by=rank_by, distance=self.distance, n_random=self.n_random,
+                    seed=self.seed, row_keys=keys.to(weights.device), dtype=self.dtype,
+                )  # fmt: skip
+                metrics = {name: getattr(res, name) for name in [*SEPARABILITY_METRICS, *LOCAL_ERROR_METRICS]}
+                table = head_rows_table(batch, q, res.ns, self.kv_head_of, metrics)
+                table.insert(len(KEY_COLUMNS), "rank_by", rank_by)
+                table["distance"] = self.distance
+                table["n_draws"] = res.n_draws
+                self.chunks.append(table)
 
 
 __all__ = [
@@ -183,6 +230,8 @@ __all__ = [
     "Observer",
     "RowMetricsObserver",
     "RowObserver",
+    "LOCAL_ERROR_METRICS",
+    "SEPARABILITY_COLUMNS",
     "SEPARABILITY_METRICS",
     "SeparabilityObserver",
 ]

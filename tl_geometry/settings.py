@@ -31,6 +31,7 @@ import torch
 
 from .capture import resolve_query_positions
 from .errors import InputError
+from .rankings import DEFAULT_N_RANDOM, check_distance, check_n_random, check_rankings, check_seed
 from .selection import resolve_ns
 from .theory.bounds import SimilarityModel, resolve_rho
 
@@ -239,6 +240,15 @@ class AnalysisSettings:
         The bounds' concentration constant (positive, finite; with ``bounds``).
     rho : "measured", SimilarityModel or ("model", beta, rho_0), default "measured"
         Source of the cosines in the bounds (with ``bounds``).
+    rank_by : str or list of str, default ("attention",)
+        The rankings of the separability table (definitions §7): ``"attention"``,
+        ``"contribution"``, ``"random"`` (the control), ``"sink_window"``; duplicates dropped, order kept.
+    distance : "euclidean" or "cosine", default "euclidean"
+        The distance of the separability table (definitions §7).
+    n_random : int, default 16
+        Random draws per row (with ``"random"`` in ``rank_by``).
+    seed : int, default 0
+        Seed of the random draws (with ``"random"`` in ``rank_by``).
 
     Examples
     --------
@@ -269,10 +279,24 @@ class AnalysisSettings:
     bounds: bool = field(default=False, metadata=setting(_flag("bounds")))
     kappa: float = field(default=0.5, metadata=setting(_check_kappa, needs="bounds"))
     rho: Any = field(default="measured", metadata=setting(_check_rho, _encode_rho, needs="bounds"))
+    rank_by: Any = field(default=("attention",), metadata=setting(check_rankings, list))
+    distance: str = field(default="euclidean", metadata=setting(check_distance))
+    n_random: int = field(default=DEFAULT_N_RANDOM, metadata=setting(check_n_random, needs="random_control"))
+    seed: int = field(default=0, metadata=setting(check_seed, needs="random_control"))
 
     def __post_init__(self) -> None:
         for f in fields(self):
             object.__setattr__(self, f.name, f.metadata["check"](getattr(self, f.name)))
+        if self.bounds and "attention" not in self.rank_by:
+            raise InputError(
+                f"bounds=True needs rank_by to include 'attention' (the bounds are for attention selection), "
+                f"got rank_by={list(self.rank_by)}"
+            )
+
+    @property
+    def random_control(self) -> bool:
+        """Whether ``rank_by`` holds the random control (then ``n_random`` and ``seed`` matter)."""
+        return "random" in self.rank_by
 
     # ------------------------------------------------------------------ JSON form
     def to_dict(self) -> dict[str, Any]:

@@ -15,6 +15,37 @@ from .errors import InputError
 KEY_COLUMNS = ["seq", "layer", "head", "kv_head", "query_pos", "n"]
 #: Key of a per-head table aggregated over sequences (the taxonomy features).
 HEAD_KEY_COLUMNS = [c for c in KEY_COLUMNS if c != "seq"]
+#: Text columns of the row tables (the ranking and the distance of a separability row, definitions §7).
+TEXT_COLUMNS = ("rank_by", "distance")
+#: Integer columns after the keys (random draws averaged in a separability row).
+COUNT_COLUMNS = ("n_draws",)
+#: The ranking of definitions §2, the one every single-ranking table, figure and summary reads.
+REFERENCE_RANKING = "attention"
+
+
+def attention_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a separability table ranked by attention (definitions §2), for the consumers
+    that read one ranking (taxonomy, figures, report, summaries, bounds).
+
+    A table without a ``rank_by`` column (one ranking) is returned as it is; a table with that
+    column but no attention rows is an :class:`InputError`.
+
+    Examples
+    --------
+    >>> t = pd.DataFrame({"rank_by": ["attention", "random"], "recall": [0.9, 0.4]})
+    >>> attention_rows(t).recall.tolist()
+    [0.9]
+    """
+    if "rank_by" not in table.columns:
+        return table
+    rows = table[table["rank_by"] == REFERENCE_RANKING]
+    if rows.empty and len(table):
+        found = sorted(table["rank_by"].unique().tolist())
+        raise InputError(
+            f"the separability table holds rank_by {found} only; this needs rank_by='attention' rows: "
+            "analyse with rank_by including 'attention'"
+        )
+    return rows
 
 
 def head_rows_table(
@@ -41,15 +72,17 @@ def head_rows_table(
 
 
 def empty_frame(columns: list[str], int_columns: Iterable[str] = ()) -> pd.DataFrame:
-    """A table with no rows and ``columns`` in that order: int64 for ``int_columns``, float64 for the rest.
+    """A table with no rows and ``columns`` in that order: int64 for ``int_columns`` (and ``n_draws``),
+    text for ``rank_by`` and ``distance``, float64 for the rest.
 
     Examples
     --------
     >>> empty_frame(["layer", "beta"], int_columns=["layer"]).dtypes.astype(str).to_dict()
     {'layer': 'int64', 'beta': 'float64'}
     """
-    ints = set(int_columns)
-    return pd.DataFrame({c: pd.Series(dtype="int64" if c in ints else "float64") for c in columns})
+    ints = set(int_columns) | set(COUNT_COLUMNS)
+    dtype = {c: "object" if c in TEXT_COLUMNS else "int64" if c in ints else "float64" for c in columns}
+    return pd.DataFrame({c: pd.Series(dtype=dtype[c]) for c in columns})
 
 
 def empty_table(float_columns: list[str]) -> pd.DataFrame:

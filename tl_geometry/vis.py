@@ -40,10 +40,7 @@ from torch import Tensor
 from .capture import StopForward, forward_with_hooks
 from .errors import InputError, ModelError
 from .models import describe_model, hook_pattern_name
-
-#: Order of the regimes in a grid sorted by regime when the heads table's ``regime`` column is not
-#: an ordered categorical (``classify_heads`` gives one, and its order is used).
-REGIME_ORDER = ("Retriever", "Reset", "Mixer", "Unclassified")
+from .taxonomy.classify import ALL_LABELS
 
 #: Largest number of heads drawn by default. The page carries ``heads x tokens^2`` numbers and the
 #: browser draws as many cells: 32 heads x 64 tokens take about 10 s to appear in a software-rendered
@@ -349,7 +346,7 @@ def _labels_or_none(column: pd.Series) -> pd.Series:
 def _heads_table(heads: Any, n_layers: int, n_heads: int) -> tuple[pd.DataFrame, list[str], dict]:
     """``layer, head, regime, regime_nearest`` of every head named by ``heads``, the regime order
     and the margins; heads that do not exist are an :class:`InputError`."""
-    order: list[str] = list(REGIME_ORDER)
+    order: list[str] = list(ALL_LABELS)  # classify_heads' categories; a categorical column's own order wins
     margin: dict[tuple[int, int], float] = {}
     if heads is None:
         table = pd.DataFrame(

@@ -70,6 +70,20 @@ class KeyedSums:
     def _init(self, n_keys: int, n_kv: int) -> None:
         raise NotImplementedError
 
+    def _start(self, values: Tensor, min_keys: int, needs: str) -> bool:
+        """Check a batch ``values`` ``[batch, key, kv_head, d_head]`` and size the sums for it.
+
+        Raises :class:`InputError` ("``needs``, got ``K``") when it has fewer than ``min_keys``
+        positions; returns False when it holds no sequence (nothing to add).
+        """
+        b, n_keys, n_kv, _ = values.shape
+        if n_keys < min_keys:
+            raise InputError(f"{needs}, got {n_keys}")
+        if b == 0:
+            return False
+        self._init(n_keys, n_kv)
+        return True
+
     def _add(self, add: dict[str, Tensor], n_seqs: int) -> None:
         for k, v in add.items():
             self.sums[k] += v

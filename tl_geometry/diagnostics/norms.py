@@ -25,7 +25,6 @@ from jaxtyping import Float
 from torch import Tensor
 
 from .._typing import typechecked
-from ..errors import InputError
 from ._common import ACC_DTYPE, KeyedSums, check_same, empty_frame, median_last
 
 NORM_COLUMNS = [
@@ -70,12 +69,9 @@ class NormAccumulator(KeyedSums):
 
     def update(self, values: Tensor) -> "NormAccumulator":
         """Add the sequences of ``values`` ``[batch, key, kv_head, d_head]``."""
-        b, n_keys, n_kv, _ = values.shape
-        if n_keys < 2:
-            raise InputError(f"norm statistics need at least 2 positions (the sink and one more), got {n_keys}")
-        if b == 0:
+        if not self._start(values, 2, "norm statistics need at least 2 positions (the sink and one more)"):
             return self
-        self._init(n_keys, n_kv)
+        b = values.shape[0]
         norms = torch.linalg.vector_norm(values.to(ACC_DTYPE), dim=-1)  # [b, L, g]
         sink = norms[:, 0]  # [b, g]
         rest = norms[:, 1:].transpose(1, 2)  # [b, g, L-1]

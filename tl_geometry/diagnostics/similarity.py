@@ -82,12 +82,9 @@ class SimilarityAccumulator(KeyedSums):
 
     def update(self, values: Tensor) -> "SimilarityAccumulator":
         """Add the sequences of ``values`` ``[batch, key, kv_head, d_head]``."""
-        b, n_keys, n_kv, _ = values.shape
-        if n_keys < 3:
-            raise InputError(f"similarity decay needs at least 3 positions (the sink and a pair), got {n_keys}")
-        if b == 0:
+        if not self._start(values, 3, "similarity decay needs at least 3 positions (the sink and a pair)"):
             return self
-        self._init(n_keys, n_kv)
+        b = values.shape[0]
         u = unit(values.to(ACC_DTYPE))  # [b, L, g, d]
         rest = einops.rearrange(u[:, 1:], "b l g d -> (b g) l d").contiguous()
         sums, sums_sq, neg = lag_cosine_sums(rest, self.k_max)

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..errors import InputError
-from ..tables import select_query_pos
+from ..tables import attention_rows, select_query_pos
 
 #: How to obtain each optional table, for the error messages.
 DIAGNOSTICS = "run tlg.analyze(..., diagnostics=True)"
@@ -39,7 +39,7 @@ def get_table(
         raise InputError(f"{figure}() needs the columns {missing} of the `{name}` table, which lacks them: {how}")
     if table.empty:
         raise InputError(f"{figure}(): the `{name}` table has no rows (nothing was analysed)")
-    return table
+    return attention_rows(table) if name == "separability" else table
 
 
 def select_query(table: pd.DataFrame, query_pos: int | None, figure: str) -> pd.DataFrame:

@@ -9,6 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..errors import InputError
+from ..tables import attention_rows
 from ._common import as_array, base_layout
 from .regime_curves import check_heads
 
@@ -42,6 +43,7 @@ def head_values(
         raise InputError(f"head_heatmap(): the table has no column {column!r} (it has {list(table.columns)})")
     if "layer" not in table.columns:
         raise InputError("head_heatmap(): the table has no `layer` column")
+    table = attention_rows(table)  # a separability table: its attention rows (definitions §2)
     if "n" in table.columns:
         held = sorted(table["n"].unique().tolist())
         if n is None and len(held) > 1:

@@ -12,6 +12,7 @@ import pandas as pd
 from .._files import write_atomic
 from ..analysis import AnalysisResult, load_result
 from ..errors import InputError
+from ..tables import check_heads
 from .figures import SECTIONS, ReportFigure, as_report_figures, default_figures, regime_test_figures
 from .page import check_self_contained, footer_html, head_grid_section, meta_html, page_html, section_html
 from .sections import (
@@ -89,8 +90,8 @@ def build_report(
     heads, why_no_heads = src.heads, None
     if heads is None:
         heads, why_no_heads = heads_table(result)
-    elif not isinstance(heads, pd.DataFrame) or not {"layer", "head", "regime"} <= set(heads.columns):
-        raise InputError("heads must be the DataFrame of tl_geometry.taxonomy.classify_heads (layer, head, regime)")
+    else:
+        heads = check_heads(heads, "build_report")
 
     if figures is None:
         figs = default_figures(result, heads=heads) + regime_test_figures(result, heads, src.effects)

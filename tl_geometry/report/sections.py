@@ -12,6 +12,7 @@ import pandas as pd
 
 from ..environment import installed_versions
 from ..errors import InputError
+from ..tables import attention_rows
 
 _METRICS = ["precision", "recall", "f_at_rmax", "f_at_rmin"]
 
@@ -100,6 +101,7 @@ def separability_summary(result: Any) -> Summary:
     sep = result.separability
     if sep is None or len(sep) == 0:
         return Summary(False, note="not available: the result holds no separability rows (run tlg.analyze first)")
+    sep = attention_rows(sep)
     by_n = _thin_ns(result.mean_by_n()[["n", *_METRICS]])
     lead = (
         f"{len(sep):,} rows: {sep['seq'].nunique()} windows × {sep['layer'].nunique()} layers × "

@@ -18,7 +18,7 @@ import pandas as pd
 from torch import Tensor
 
 from ..errors import InputError
-from ..tables import check_heads, select_query_pos
+from ..tables import attention_rows, check_heads, select_query_pos
 from .classify import ALL_LABELS, classify_heads
 
 #: Per-head value columns recognised without ``value=``, in this order.
@@ -70,9 +70,7 @@ def _separability_at(result: Any, n: int, query_pos: int | None) -> pd.DataFrame
     sep = getattr(result, "separability", None)
     if not isinstance(sep, pd.DataFrame) or sep.empty:
         raise InputError("the result holds no separability table: pass result=None to join without it")
-    if "rank_by" in sep.columns:
-        sep = sep[sep["rank_by"] == "attention"]
-    sep = select_query_pos(sep, query_pos, "separability table")
+    sep = select_query_pos(attention_rows(sep), query_pos, "separability table")
     grid = sorted(int(x) for x in sep["n"].unique())
     if n not in grid:
         raise InputError(f"N={n} is not on the analysed grid {grid[:12]}{'...' if len(grid) > 12 else ''}: pass n=")

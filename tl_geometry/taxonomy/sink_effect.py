@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InputError
-from ..tables import select_query_pos
+from ..tables import attention_rows, select_query_pos
 
 SINK_EFFECT_COLUMNS = ["n", "pearson", "spearman", "n_heads"]
 
@@ -92,7 +92,7 @@ def sink_effect(separability: pd.DataFrame, rho0: pd.DataFrame, *, query_pos: in
         raise InputError(f"separability table lacks columns {sorted(need - set(separability.columns))}")
     if "rho_0" not in rho0.columns or "layer" not in rho0.columns:
         raise InputError("rho0 table needs columns layer, rho_0 and head or kv_head")
-    sep = select_query_pos(separability, query_pos, "separability table")
+    sep = select_query_pos(attention_rows(separability), query_pos, "separability table")
     rho = select_query_pos(rho0, query_pos, "rho0 table")
     group = ["layer", "head"] + (["kv_head"] if "kv_head" in sep.columns else [])
     recall = sep.groupby(group + ["n"], sort=True)["recall"].mean().reset_index()

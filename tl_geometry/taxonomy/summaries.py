@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..tables import check_heads, select_query_pos
+from ..tables import attention_rows, check_heads, select_query_pos
 from .classify import ALL_LABELS, classify_heads
 
 SHARE_COLUMNS = ["layer", "regime", "n_heads", "share"]
@@ -52,7 +52,7 @@ def regime_pr_curves(separability: pd.DataFrame, heads: pd.DataFrame, *, query_p
     query_pos : int, optional; needed when ``separability`` holds several query positions.
     """
     check_heads(heads, "regime_pr_curves")
-    sep = select_query_pos(separability, query_pos, "separability table")
+    sep = select_query_pos(attention_rows(separability), query_pos, "separability table")
     metrics = ["precision", "recall", "f_at_rmax", "f_at_rmin"]
     per_head = sep.groupby(["layer", "head", "n"])[metrics].agg("mean")
     per_head["n_rows"] = sep.groupby(["layer", "head", "n"]).size()

@@ -68,6 +68,7 @@ from torch import Tensor
 
 from .._typing import typechecked
 from ..errors import InputError
+from ..rankings import selection_order
 from ..selection import NsLike, resolve_ns
 from ..separability import check_row_inputs
 
@@ -276,7 +277,7 @@ class _RowPrecompute:
     def __init__(self, weights: Tensor, values: Tensor, model: SimilarityModel | None) -> None:
         _, n_keys, dim = values.shape
         self.n_keys = n_keys
-        order = torch.argsort(weights, dim=-1, descending=True, stable=True)  # same order as selection.py
+        order = selection_order(weights)  # the selection order of definitions §2
         alpha = torch.gather(weights, -1, order)
         v = torch.gather(values, -2, einops.repeat(order, "r k -> r k d", d=dim))
         norms = torch.linalg.vector_norm(v, dim=-1)

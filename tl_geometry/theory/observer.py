@@ -19,7 +19,7 @@ from ..errors import InputError
 from ..models import ModelInfo
 from ..observers import RowMetricsObserver
 from ..selection import NsLike
-from ..tables import KEY_COLUMNS
+from ..tables import KEY_COLUMNS, REFERENCE_RANKING, attention_rows
 from .bounds import BOUND_FIELDS, F_BOUND_FIELDS, RhoLike, bounds, resolve_rho
 
 BOUND_COLUMNS = [
@@ -89,7 +89,10 @@ def join_bounds(separability: pd.DataFrame, bounds_table: pd.DataFrame) -> pd.Da
     if missing:
         raise InputError(f"both tables need the key columns {KEY_COLUMNS}; missing {missing}")
     right = bounds_table[KEY_COLUMNS + [c for c in BOUND_COLUMNS if c in bounds_table]]
-    out = separability.merge(right, on=KEY_COLUMNS, how="left", validate="one_to_one")
+    keys = KEY_COLUMNS
+    if "rank_by" in separability:  # the bounds are those of attention selection (definitions §4)
+        right, keys = right.assign(rank_by=REFERENCE_RANKING), [*KEY_COLUMNS, "rank_by"]
+    out = separability.merge(right, on=keys, how="left", validate="one_to_one")
     if len(separability) and out["precision_lower"].isna().all():
         raise InputError(
             "no row of the bounds table matches the separability table: were they measured on the same run?"
@@ -122,7 +125,7 @@ def envelopes(
         over the upper bound) and ``m_mean_inside`` (whether the mean lies between the mean
         envelopes, the form in which the theorems bound ``E m``). ``attrs["kappa"]`` is kept.
     """
-    df = separability_with_bounds
+    df = attention_rows(separability_with_bounds)
     need = ["precision", "recall", "precision_lower", "precision_upper", "recall_lower", "recall_upper", *by]
     missing = [c for c in need if c not in df]
     if missing:

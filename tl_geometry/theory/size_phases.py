@@ -45,6 +45,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..errors import InputError
+from ..rankings import selection_order
 from ..selection import NsLike, resolve_ns
 
 #: Segments of the profile a key can fall in.
@@ -163,7 +164,7 @@ class PiecewiseProfile:
 
 
 def _ranks(profile: PiecewiseProfile) -> np.ndarray:
-    order = torch.argsort(profile.weights(), descending=True, stable=True).numpy()
+    order = selection_order(profile.weights()).numpy()
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
     return rank

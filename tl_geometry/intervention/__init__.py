@@ -1,0 +1,26 @@
+"""The top-``N`` attention intervention and what it does to the loss (definitions §8).
+
+* :func:`top_n_attention` — a context manager restricting every causal query to its top-``N`` keys;
+* :func:`sparsification_curve` — ``delta_nll_rel(N)`` by ranking and renormalisation, with
+  :meth:`SparsificationCurve.effective_set_size` (``N*_tau``);
+* :func:`localized_loss` — one layer or one head restricted at a time;
+* :func:`geometry_vs_function` — Spearman's ``rho`` between separability and loss.
+"""
+
+from .context import TopNAttention, top_n_attention
+from .curve import SparsificationCurve, load_curve, sparsification_curve
+from .function import geometry_vs_function
+from .localized import localized_loss
+from .restrict import restrict_pattern, top_n_keep
+
+__all__ = [
+    "SparsificationCurve",
+    "TopNAttention",
+    "geometry_vs_function",
+    "load_curve",
+    "localized_loss",
+    "restrict_pattern",
+    "sparsification_curve",
+    "top_n_attention",
+    "top_n_keep",
+]

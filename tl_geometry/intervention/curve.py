@@ -1,0 +1,312 @@
+"""The sparsification curve ``delta_nll_rel(N)`` and the effective attention set size (definitions §8).
+
+For every ranking ``r`` and renormalisation flag, and every size ``N`` of a grid,
+``delta_nll_rel(N) = (NLL_N - NLL) / NLL`` where ``NLL_N`` is the corpus loss with every attention
+row of every head restricted to its top-``N`` keys (:func:`top_n_attention`) and ``NLL`` the full
+model's loss (computed once). ``N*_tau = min{N evaluated: delta_nll_rel(N) <= tau}``; refinement
+bisects between the largest failing size below ``N*`` and ``N*``.
+
+A size ``N >= L`` (the window length) restricts nothing; its row is the full loss, without a
+forward pass. With ``out_dir`` every point is written as soon as it is measured
+(``curve.json``, atomically), and a later call with the same model, windows and settings resumes
+from there: a resumed curve equals an uninterrupted one.
+
+Examples
+--------
+>>> import sys; sys.path.insert(0, "tests")
+>>> from conftest import tiny_llama_bridge
+>>> from tl_geometry.corpus import from_tokens
+>>> corpus = from_tokens(torch.randint(3, 259, (2, 16)))
+>>> curve = sparsification_curve(tiny_llama_bridge(), corpus, ns=[1, 4, 16], rank_by="attention",
+...                              renormalize=False, progress=False)
+>>> list(curve.table.columns)
+['rank_by', 'renormalize', 'n', 'nll', 'nll_full', 'delta_nll_rel', 'n_tokens', 'stage']
+>>> float(curve.table.query("n == 16").delta_nll_rel.iloc[0])
+0.0
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+import torch
+
+from .._files import write_json_atomic
+from ..analysis import _as_corpus, corpus_tokens
+from ..errors import InputError, ModelError
+from ..models import describe_model
+from ..rankings import RANKINGS, check_rankings, check_seed
+from ..store import StoreError, model_fingerprint, tokens_sha256
+from .context import top_n_attention
+from .loss import LossSum, check_windows, corpus_nll
+
+CURVE_FILE = "curve.json"
+CURVE_COLUMNS = ["rank_by", "renormalize", "n", "nll", "nll_full", "delta_nll_rel", "n_tokens", "stage"]
+DEFAULT_TOLERANCE = 0.05
+
+
+def pow2_sizes(seq_len: int) -> list[int]:
+    """``1, 2, 4, ...`` up to and including the first power of two ``>= seq_len`` (capped at ``seq_len``)."""
+    sizes, n = [], 1
+    while n < seq_len:
+        sizes.append(n)
+        n *= 2
+    return sizes + [seq_len]
+
+
+def check_ns(ns: Any, seq_len: int) -> list[int]:
+    """``"pow2"`` or a non-empty list of ints ``>= 1`` as sorted unique sizes."""
+    if isinstance(ns, str):
+        if ns != "pow2":
+            raise InputError(f"ns={ns!r} is not understood: use 'pow2' or a list of sizes like [1, 2, 4, 8]")
+        return pow2_sizes(seq_len)
+    items = [ns] if isinstance(ns, numbers.Integral) else ns
+    try:
+        items = list(items)
+    except TypeError:
+        raise InputError(f"ns must be 'pow2' or a list of ints >= 1, got {ns!r}") from None
+    if not items:
+        raise InputError("ns is empty: give at least one size N")
+    for n in items:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise InputError(f"every size N must be an integer >= 1, got {n!r}")
+    return sorted({int(n) for n in items})
+
+
+def check_renormalize(renormalize: Any) -> tuple[bool, ...]:
+    """One flag or several as a tuple without duplicates."""
+    flags = [renormalize] if isinstance(renormalize, bool) else list(renormalize) if isinstance(renormalize, (list, tuple)) else None
+    if not flags or not all(isinstance(f, bool) for f in flags):
+        raise InputError(f"renormalize must be True, False or a list of them, got {renormalize!r}")
+    return tuple(dict.fromkeys(flags))
+
+
+def check_tolerance(tolerance: Any) -> float:
+    """``tau >= 0`` (finite); else one :class:`InputError`."""
+    if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real) or not math.isfinite(tolerance) or tolerance < 0:
+        raise InputError(f"tolerance must be a finite number >= 0 (a relative loss increase, e.g. 0.05), got {tolerance!r}")
+    return float(tolerance)
+
+
+@dataclass
+class SparsificationCurve:
+    """Loss of the top-``N`` intervention by ranking, renormalisation and ``N``.
+
+    Attributes
+    ----------
+    table : tidy DataFrame ``rank_by, renormalize, n, nll, nll_full, delta_nll_rel, n_tokens,
+        stage`` (``stage``: ``"grid"`` or ``"refine"``), one row per point measured.
+    nll_full : the full model's NLL (nats per target).
+    config : model, windows and settings the curve was measured with.
+    """
+
+    table: pd.DataFrame
+    nll_full: float
+    config: dict
+    _measure: Callable[[str, bool, int], dict] | None = field(default=None, repr=False)
+
+    def effective_set_size(self, tolerance: float = DEFAULT_TOLERANCE, refine: bool = True) -> pd.DataFrame:
+        """``N*_tau`` per (rank_by, renormalize): the smallest size evaluated with ``delta_nll_rel <= tau``.
+
+        With ``refine`` (needs the live model: a curve from :func:`sparsification_curve`, or
+        :func:`load_curve` given the model) the sizes strictly between the largest failing size
+        below ``N*`` and ``N*`` are bisected, measuring one size per step; the new points join
+        :attr:`table` (``stage="refine"``).
+
+        Returns
+        -------
+        DataFrame ``rank_by, renormalize, tolerance, n_star, sizes_tried, n_refined`` (``n_star``
+        is ``<NA>`` when no size evaluated passes; ``sizes_tried`` lists every size measured).
+        """
+        tau = check_tolerance(tolerance)
+        if not isinstance(refine, bool):
+            raise InputError(f"refine must be True or False, got {refine!r}")
+        if refine and self._measure is None:
+            raise InputError("refine=True needs the model: load the curve with load_curve(out_dir, model, corpus), or pass refine=False")
+        rows = []
+        for (rank_by, renorm), _ in self.table.groupby(["rank_by", "renormalize"], sort=False):
+            n_refined = 0
+            while True:
+                points = self._points(rank_by, renorm)
+                passing = points[points.delta_nll_rel <= tau].n
+                n_star = int(passing.min()) if len(passing) else None
+                if not refine or n_star is None:
+                    break
+                failing = points[(points.n < n_star) & (points.delta_nll_rel > tau)].n
+                low = int(failing.max()) if len(failing) else 0
+                if n_star - low <= 1:
+                    break
+                self._add_point(rank_by, renorm, (low + n_star) // 2)
+                n_refined += 1
+            rows.append({
+                "rank_by": rank_by, "renormalize": bool(renorm), "tolerance": tau,
+                "n_star": pd.NA if n_star is None else n_star,
+                "sizes_tried": ",".join(str(int(n)) for n in sorted(points.n)), "n_refined": n_refined,
+            })  # fmt: skip
+        out = pd.DataFrame(rows)
+        out["n_star"] = out["n_star"].astype("Int64")
+        return out
+
+    def _points(self, rank_by: str, renorm: bool) -> pd.DataFrame:
+        t = self.table
+        return t[(t.rank_by == rank_by) & (t.renormalize == renorm)].sort_values("n")
+
+    def _add_point(self, rank_by: str, renorm: bool, n: int) -> None:
+        row = self._measure(rank_by, renorm, n)
+        self.table = pd.concat([self.table, pd.DataFrame([row])], ignore_index=True)[CURVE_COLUMNS]
+
+
+class _CurveStore:
+    """``out_dir/curve.json``: identity, full NLL and every point, rewritten atomically after each point."""
+
+    def __init__(self, out_dir: Path | None, identity: dict, resume: bool) -> None:
+        self.path = None if out_dir is None else Path(out_dir) / CURVE_FILE
+        self.identity = identity
+        self.full: dict | None = None
+        self.rows: list[dict] = []
+        if self.path is None:
+            return
+        if self.path.exists() and resume:
+            data = read_curve_json(self.path)
+            if data["identity"] != identity:
+                diff = sorted(k for k in set(identity) | set(data["identity"]) if identity.get(k) != data["identity"].get(k))
+                raise StoreError(
+                    f"{self.path} holds a curve of another run (differs in: {', '.join(diff)}): use another out_dir, "
+                    "or resume=False to start over"
+                )
+            self.full, self.rows = data["full"], data["rows"]
+
+    def lookup(self, rank_by: str, renorm: bool, n: int) -> dict | None:
+        for row in self.rows:
+            if row["rank_by"] == rank_by and row["renormalize"] == renorm and row["n"] == n:
+                return row
+        return None
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.path, {"format": 1, "identity": self.identity, "full": self.full, "rows": self.rows})
+
+
+def read_curve_json(path: Path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        assert isinstance(data, dict) and data.get("format") == 1 and {"identity", "full", "rows"} <= set(data)
+    except (OSError, ValueError, AssertionError) as exc:
+        raise StoreError(f"{path} is damaged or not a tl_geometry curve ({type(exc).__name__}): delete it, or resume=False") from exc
+    return data
+
+
+def sparsification_curve(
+    model: Any,
+    corpus: Any,
+    ns: str | Sequence[int] = "pow2",
+    rank_by: str | Sequence[str] = RANKINGS,
+    renormalize: bool | Sequence[bool] = (False, True),
+    *,
+    seed: int = 0,
+    batch_size: int = 4,
+    out_dir: str | Path | None = None,
+    resume: bool = True,
+    progress: bool = True,
+) -> SparsificationCurve:
+    """Measure ``delta_nll_rel(N)`` for every ranking, renormalisation flag and size (definitions §8).
+
+    Parameters
+    ----------
+    model : TransformerBridge or HookedTransformer with eager attention.
+    corpus : a corpus (:mod:`tl_geometry.corpus`) or token windows ``[n_seqs, L]``, ``L >= 2``.
+    ns : "pow2" (``1, 2, 4, ...``, then ``L``) or a list of sizes.
+    rank_by : one ranking or several (``"attention"``, ``"contribution"``, ``"random"``, ``"sink_window"``).
+    renormalize : one flag or several.
+    seed : seed of ``"random"`` (draws keyed by window index: independent of ``batch_size``).
+    batch_size : windows per forward pass.
+    out_dir : write ``curve.json`` there as points are measured, and resume from it.
+    resume : False starts over even if ``out_dir`` holds a curve.
+    progress : show progress bars.
+
+    Returns
+    -------
+    :class:`SparsificationCurve`
+    """
+    sizes_spec, rankings, flags = ns, check_rankings(rank_by), check_renormalize(renormalize)
+    seed = check_seed(seed)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+        raise InputError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    info = describe_model(model)
+    tokens = check_windows(corpus_tokens(model, _as_corpus(corpus, 512), info))
+    seq_len = int(tokens.shape[1])
+    sizes = check_ns(sizes_spec, seq_len)
+    identity = {
+        "model": info.name, "model weights": model_fingerprint(model), "token windows": tokens_sha256(tokens),
+        "n_seqs": int(tokens.shape[0]), "seq_len": seq_len, "seed": seed,
+    }  # fmt: skip
+    store = _CurveStore(None if out_dir is None else Path(out_dir), identity, resume)
+    with top_n_attention(model, n=1, rank_by=rankings[0]):  # refuses a model that ignores pattern edits, before any pass
+        pass
+    if store.full is None:
+        full = corpus_nll(model, tokens, batch_size, progress, desc="full model")
+        store.full = {"total": full.total, "n_tokens": full.n_tokens}
+        store.save()
+    full = LossSum(**store.full)
+
+    def measure(rank_by: str, renorm: bool, n: int, stage: str = "refine") -> dict:
+        row = store.lookup(rank_by, renorm, n)
+        if row is not None:
+            return {**row, "stage": stage if row.get("stage") is None else row["stage"]}
+        if n >= seq_len:
+            loss = full
+        else:
+            with top_n_attention(model, n=n, rank_by=rank_by, renormalize=renorm, seed=seed) as state:
+
+                def set_ids(seq_ids: torch.Tensor) -> None:
+                    state.seq_ids = seq_ids
+
+                desc = f"{rank_by}{' renorm' if renorm else ''} N={n}"
+                loss = corpus_nll(model, tokens, batch_size, progress, desc=desc, before_batch=set_ids)
+        row = {
+            "rank_by": rank_by, "renormalize": renorm, "n": n, "nll": loss.nll, "nll_full": full.nll,
+            "delta_nll_rel": (loss.nll - full.nll) / full.nll, "n_tokens": loss.n_tokens, "stage": stage,
+        }  # fmt: skip
+        store.rows.append(row)
+        store.save()
+        return row
+
+    rows = [measure(r, f, n, "grid") for r in rankings for f in flags for n in sizes]
+    table = pd.DataFrame(rows, columns=CURVE_COLUMNS)
+    config = {**identity, "ns": sizes, "rank_by": list(rankings), "renormalize": list(flags), "batch_size": batch_size}
+    return SparsificationCurve(table=table, nll_full=full.nll, config=config, _measure=measure)
+
+
+def load_curve(out_dir: str | Path, model: Any = None, corpus: Any = None, batch_size: int = 4, progress: bool = True) -> SparsificationCurve:
+    """A curve saved by ``sparsification_curve(..., out_dir=...)``; with ``model`` and ``corpus`` it can be refined."""
+    path = Path(out_dir) / CURVE_FILE
+    if not path.is_file():
+        raise InputError(f"{path} does not exist: measure the curve with sparsification_curve(..., out_dir={str(out_dir)!r})")
+    data = read_curve_json(path)
+    if data["full"] is None:
+        raise StoreError(f"{path} holds no full-model loss yet: run sparsification_curve again with this out_dir to resume")
+    table = pd.DataFrame(data["rows"], columns=CURVE_COLUMNS)
+    full = LossSum(**data["full"])
+    measure = None
+    if model is not None:
+        if corpus is None:
+            raise InputError("load_curve needs the corpus together with the model, to measure refinement points")
+        grid = table[table.stage == "grid"]
+        live = sparsification_curve(
+            model, corpus, ns=sorted(set(grid.n)) or [1], rank_by=list(dict.fromkeys(grid.rank_by)) or "attention",
+            renormalize=list(dict.fromkeys(bool(f) for f in grid.renormalize)) or False,
+            seed=data["identity"].get("seed", 0), batch_size=batch_size, out_dir=out_dir, progress=progress,
+        )  # fmt: skip
+        return live
+    return SparsificationCurve(table=table, nll_full=full.nll, config=dict(data["identity"]), _measure=measure)
+
+
+__all__ = ["CURVE_COLUMNS", "SparsificationCurve", "check_ns", "check_tolerance", "load_curve", "pow2_sizes", "sparsification_curve"]

@@ -1,0 +1,86 @@
+"""Restricting attention rows to their top-``N`` keys (definitions §8), as pure tensor functions.
+
+For one layer's pattern ``alpha[b, h, q, k]`` (causal: keys ``k <= q``) and a score per key under a
+ranking (:mod:`tl_geometry.rankings`, definitions §7), every query row with more than ``N``
+visible keys keeps only the keys of ``I_N`` (the ``N`` highest scores, ties to the lower key index):
+
+* deletion (``renormalize=False``): ``alpha'_i = alpha_i`` for ``i in I_N``, ``0`` otherwise;
+* renormalisation (``renormalize=True``): ``alpha'_i = alpha_i / sum_{j in I_N} alpha_j`` on ``I_N``.
+
+A row with at most ``N`` visible keys (``q + 1 <= N``) is returned unchanged, bit for bit.
+
+Examples
+--------
+>>> import torch
+>>> alpha = torch.tensor([[[[1.0, 0.0, 0.0], [0.3, 0.7, 0.0], [0.2, 0.5, 0.3]]]])
+>>> restrict_pattern(alpha, alpha, n=1, renormalize=False)[0, 0].tolist()
+[[1.0, 0.0, 0.0], [0.0, 0.699999988079071, 0.0], [0.0, 0.5, 0.0]]
+>>> restrict_pattern(alpha, alpha, n=2, renormalize=True)[0, 0, 2].tolist()
+[0.0, 0.625, 0.375]
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from .._typing import typechecked
+
+
+@typechecked
+def top_n_keep(scores: Float[Tensor, "*batch k"], n: int) -> Bool[Tensor, "*batch k"]:
+    """``True`` at the ``n`` highest scores of each row, ties to the lower key index.
+
+    The same set as :func:`tl_geometry.rankings.top_n_mask` (a stable sort), found without sorting:
+    ``t`` = the ``n``-th largest score (``torch.topk``); keep every score ``> t`` and, of the
+    scores ``== t``, the lowest-indexed ones until ``n`` are kept.
+
+    >>> top_n_keep(torch.tensor([0.2, 0.5, 0.2, 0.2]), 2).tolist()
+    [True, True, False, False]
+    """
+    n_keys = scores.shape[-1]
+    if n >= n_keys:
+        return torch.ones(scores.shape, dtype=torch.bool, device=scores.device)
+    threshold = torch.topk(scores, n, dim=-1).values[..., -1:]
+    above = scores > threshold
+    tied = scores == threshold
+    room = n - above.sum(dim=-1, keepdim=True)
+    return above | (tied & (torch.cumsum(tied, dim=-1) <= room))
+
+
+@typechecked
+def restrict_pattern(
+    pattern: Float[Tensor, "*batch q k"],
+    scores: Float[Tensor, "*batch q k"],
+    n: int,
+    renormalize: bool = False,
+) -> Float[Tensor, "*batch q k"]:
+    """The pattern with every row of more than ``n`` visible keys restricted to its top-``n`` keys.
+
+    Parameters
+    ----------
+    pattern : [*batch, q, k] causal attention weights, query ``q`` sees keys ``0..q`` (square: one
+        row per position, no KV cache).
+    scores : [*batch, q, k] the ranking's score of every key (higher first; future keys are never
+        chosen for a changed row when they score ``-inf`` or, for ``"attention"``, ``0``).
+    n : the number of keys kept, ``>= 1``.
+    renormalize : divide the kept weights by their sum (a row whose kept weights sum to 0 stays 0).
+
+    Returns
+    -------
+    A new tensor of the pattern's dtype; rows ``q < n`` are the input rows.
+    """
+    n_queries = pattern.shape[-2]
+    if n >= n_queries:
+        return pattern
+    head, tail = pattern[..., :n, :], pattern[..., n:, :]
+    keep = top_n_keep(scores[..., n:, :], n)
+    kept = tail * keep
+    if renormalize:
+        total = kept.sum(dim=-1, keepdim=True)
+        kept = kept / torch.where(total > 0, total, torch.ones_like(total))
+    return torch.cat([head, kept], dim=-2)
+
+
+__all__ = ["restrict_pattern", "top_n_keep"]
