@@ -26,8 +26,8 @@ import torch
 
 import tl_geometry as tlg
 import tl_geometry.taxonomy as tx
-from tl_geometry.observers import SeparabilityObserver
 from tl_geometry.capture import run_streaming
+from tl_geometry.observers import SeparabilityObserver
 
 
 def main() -> None:

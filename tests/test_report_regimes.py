@@ -35,7 +35,9 @@ def test_report_shows_both_modes_and_the_two_tests_of_the_regimes(result, tmp_pa
     assert "Do the regimes differ in function?" in taxonomy and "pass effects=" in taxonomy  # no effects given
     # effects as a tensor, then from the run directory's head_effects.parquet
     effects = torch.arange(8, dtype=torch.float64).reshape(2, 4)
-    with_effects = _section(build_report(result, tmp_path / "b", effects=effects).read_text(encoding="utf-8"), "taxonomy")
+    with_effects = _section(
+        build_report(result, tmp_path / "b", effects=effects).read_text(encoding="utf-8"), "taxonomy"
+    )
     assert "pass effects=" not in with_effects and with_effects.count('class="plotly-graph-div"') == \
         taxonomy.count('class="plotly-graph-div"') + 1  # fmt: skip
     run = tmp_path / "run"
@@ -56,6 +58,7 @@ def test_head_grid_names_the_nearest_label_where_it_differs(llama_bridge) -> Non
 
 def test_cli_mean_ablation_feeds_the_effect_figure(tmp_path, capsys, monkeypatch) -> None:
     from conftest import tiny_llama_bridge
+
     from tl_geometry import cli
 
     model = tiny_llama_bridge()
@@ -70,5 +73,7 @@ def test_cli_mean_ablation_feeds_the_effect_figure(tmp_path, capsys, monkeypatch
     assert "pass effects=" not in _section(page, "taxonomy")
     assert cli.main(base + ["--out", str(tmp_path / "plain")]) == 0  # without the flag: no ablation, a note
     assert not (tmp_path / "plain" / EFFECTS_FILE).exists()
-    assert "tl-geometry run --mean-ablation" in _section((tmp_path / "plain" / "index.html").read_text(encoding="utf-8"), "taxonomy")
+    assert "tl-geometry run --mean-ablation" in _section(
+        (tmp_path / "plain" / "index.html").read_text(encoding="utf-8"), "taxonomy"
+    )
     capsys.readouterr()

@@ -258,7 +258,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from .report import EFFECTS_FILE, build_report
+    from .report import build_report
 
     src = Path(args.dir)
     if not src.is_dir():
