@@ -43,6 +43,9 @@ def top_n_keep(scores: Float[Tensor, "*batch k"], n: int) -> Bool[Tensor, "*batc
     if n >= n_keys:
         return torch.ones(scores.shape, dtype=torch.bool, device=scores.device)
     threshold = torch.topk(scores, n, dim=-1).values[..., -1:]
+    at_least = scores >= threshold
+    if bool((at_least.sum(dim=-1) == n).all()):  # no tie straddles the cut (the usual case): done
+        return at_least
     above = scores > threshold
     tied = scores == threshold
     room = n - above.sum(dim=-1, keepdim=True)
@@ -74,13 +77,14 @@ def restrict_pattern(
     n_queries = pattern.shape[-2]
     if n >= n_queries:
         return pattern
-    head, tail = pattern[..., :n, :], pattern[..., n:, :]
-    keep = top_n_keep(scores[..., n:, :], n)
-    kept = tail * keep
+    tail = pattern[..., n:, :]
+    kept = torch.where(top_n_keep(scores[..., n:, :], n), tail, torch.zeros((), dtype=tail.dtype, device=tail.device))
     if renormalize:
         total = kept.sum(dim=-1, keepdim=True)
         kept = kept / torch.where(total > 0, total, torch.ones_like(total))
-    return torch.cat([head, kept], dim=-2)
+    out = pattern.clone()
+    out[..., n:, :] = kept
+    return out
 
 
 __all__ = ["restrict_pattern", "top_n_keep"]
