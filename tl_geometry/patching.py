@@ -30,7 +30,12 @@ HOOK_Z = "blocks.{layer}.attn.hook_z"
 
 
 def _check_tokens(tokens: Any, name: str) -> Tensor:
-    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+    if (
+        not isinstance(tokens, Tensor)
+        or tokens.ndim != 2
+        or tokens.dtype.is_floating_point
+        or tokens.dtype == torch.bool
+    ):
         raise InputError(f"{name} must be an integer tensor [batch, pos] of token ids, got {type(tokens).__name__}")
     if tokens.shape[1] < 2:
         raise InputError(f"{name} needs at least 2 positions, got {tokens.shape[1]}")
