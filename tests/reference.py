@@ -10,7 +10,6 @@ import math
 
 import torch
 
-
 MASK64 = (1 << 64) - 1
 
 
@@ -58,7 +57,9 @@ def distance(y: torch.Tensor, s: torch.Tensor, kind: str) -> float:
     """Euclidean ||y - s|| or cosine 1 - <y, s> / (||y|| ||s|| + 1e-12) (SPEC §7)."""
     if kind == "euclidean":
         return float(torch.linalg.vector_norm(y - s))
-    return 1.0 - float(torch.dot(y, s)) / (float(torch.linalg.vector_norm(y)) * float(torch.linalg.vector_norm(s)) + 1e-12)
+    return 1.0 - float(torch.dot(y, s)) / (
+        float(torch.linalg.vector_norm(y)) * float(torch.linalg.vector_norm(s)) + 1e-12
+    )
 
 
 def row_separability(

@@ -6,16 +6,26 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import torch
+from conftest import build
 
 import tl_geometry as tlg
-from conftest import build
 from tl_geometry import cli
 from tl_geometry.errors import InputError
 from tl_geometry.models import hook_pattern_name, hook_v_name
 from tl_geometry.rankings import row_keys
 
 TEXT = ["The quick brown fox jumps over the lazy dog. " * 12, "Attention is a weighting of values. " * 10]
-METRICS = ["precision", "recall", "r_min", "r_max", "f_at_rmax", "f_at_rmin", "retained_mass", "local_error_del", "local_error_ren"]
+METRICS = [
+    "precision",
+    "recall",
+    "r_min",
+    "r_max",
+    "f_at_rmax",
+    "f_at_rmin",
+    "retained_mass",
+    "local_error_del",
+    "local_error_ren",
+]
 
 
 @pytest.fixture(scope="module")
@@ -124,11 +134,31 @@ def test_bad_rankings_are_refused_before_the_model_is_loaded(kwargs, match, monk
 
 @pytest.mark.parametrize(
     "option, match",
-    [(["--rank-by", "attention,bogus"], "not a ranking"), (["--distance", "l2"], "not a distance"), (["--n-random", "0"], "n_random")],
+    [
+        (["--rank-by", "attention,bogus"], "not a ranking"),
+        (["--distance", "l2"], "not a distance"),
+        (["--n-random", "0"], "n_random"),
+    ],
 )
 def test_cli_refuses_bad_rankings_before_loading(option, match, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(tlg, "load_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
-    code = cli.main(["run", "--out", str(tmp_path / "run"), "--n-seqs", "2", "--seq-len", "16", "--no-progress", *option])
+    code = cli.main(
+        ["run", "--out", str(tmp_path / "run"), "--n-seqs", "2", "--seq-len", "16", "--no-progress", *option]
+    )
     err = capsys.readouterr().err
     assert code == 2 and match in err
     assert not (tmp_path / "run").exists()
+
+
+def test_ranking_figure_draws_the_mean_per_ranking_and_n(two):
+    fig = tlg.plot.separability_by_ranking(two, ["precision", "f_at_rmax"], query_pos=23)
+    sep = two.separability[two.separability.query_pos == 23]
+    assert [t.name for t in fig.data] == ["attention", "random", "contribution"] * 2
+    for trace, (metric, name) in zip(
+        fig.data, [(m, r) for m in ("precision", "f_at_rmax") for r in ("attention", "random", "contribution")]
+    ):
+        want = sep[sep.rank_by == name].groupby("n")[metric].mean()
+        assert trace.x.tolist() == want.index.tolist() and trace.y.tolist() == want.tolist()
+    assert fig.layout.xaxis.type == "log"
+    with pytest.raises(InputError, match="unknown metrics"):
+        tlg.plot.separability_by_ranking(two, ["mass"])

@@ -9,10 +9,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import tl_geometry as tlg
 from reference import METRICS, mix, row_metrics
 from test_separability import random_rows
+
+import tl_geometry as tlg
 from tl_geometry.errors import InputError
 from tl_geometry.rankings import row_keys
 
@@ -67,7 +67,10 @@ def test_random_control_does_not_depend_on_the_batch():
     weights, values = random_rows("random", n_rows=6, k=20, d=4, seed=3)
     keys = row_keys(seq=torch.arange(6), layer=1, head=0, query_pos=19)
     whole = tlg.separability(weights, values, rank_by="random", row_keys=keys)
-    parts = [tlg.separability(weights[i : i + 2], values[i : i + 2], rank_by="random", row_keys=keys[i : i + 2]) for i in (4, 0, 2)]
+    parts = [
+        tlg.separability(weights[i : i + 2], values[i : i + 2], rank_by="random", row_keys=keys[i : i + 2])
+        for i in (4, 0, 2)
+    ]
     assert torch.equal(whole.precision, torch.cat([parts[1].precision, parts[2].precision, parts[0].precision]))
     assert torch.equal(whole.r_min, torch.cat([parts[1].r_min, parts[2].r_min, parts[0].r_min]))
     other = tlg.separability(weights, values, rank_by="random", row_keys=keys, seed=1)
@@ -80,7 +83,10 @@ def test_random_control_is_the_mean_of_its_draws():
     four = tlg.separability(weights, values, rank_by="random", n_random=4)
     one = tlg.separability(weights, values, rank_by="random", n_random=1)
     assert not torch.equal(four.precision, one.precision)
-    ref = [row_metrics(weights[0], values[0], n, "random", "euclidean", 0, mix(0, 0, 0, 0), 1)["precision"] for n in range(1, 26)]
+    ref = [
+        row_metrics(weights[0], values[0], n, "random", "euclidean", 0, mix(0, 0, 0, 0), 1)["precision"]
+        for n in range(1, 26)
+    ]
     assert one.precision[0].tolist() == pytest.approx(ref, abs=1e-15)
 
 

@@ -26,7 +26,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ._files import write_atomic, write_json_atomic
-from .capture import run_streaming
+from .capture import model_device, run_streaming
 from .corpus import Corpus, TokenCorpus, from_texts, from_tokens
 from .diagnostics import DiagnosticsObserver
 from .errors import InputError
@@ -241,6 +241,7 @@ def analyze(
     out_dir: str | Path | None = None,
     resume: bool = True,
     progress: bool = True,
+    device: str | torch.device | None = None,
 ) -> AnalysisResult:
     """Measure top-N separability of every attention head of ``model`` over ``corpus``.
 
@@ -254,8 +255,9 @@ def analyze(
     ns : None, "all", "log" or list of int, default "log"
         Selection sizes ``N``: "log" is a log-spaced grid (every ``N <= 8``, then 4 per
         doubling, and ``N = K``); None or "all" is every ``N`` from 1 to ``K``.
-    query_positions : "last", int, list of int, or range, default "last"
-        Which query rows to analyse; a ``range(start, stop, stride)`` takes every ``stride``-th.
+    query_positions : "last", "all", int, list of int, range or slice, default "last"
+        Which query rows to analyse: ``"all"`` is every position; a ``range(start, stop, stride)``
+        or ``slice(stride - 1, None, stride)`` takes every ``stride``-th.
         Negative positions count from the end.
     layers : list of int, optional
         Layers to analyse (default all). The forward pass stops after the last one.
@@ -305,6 +307,10 @@ def analyze(
         With ``out_dir``: continue a previous run instead of refusing to overwrite it.
     progress : bool, default True
         Show a progress bar over sequences.
+    device : str or torch.device, optional
+        Where the model runs and the analysis computes (the analysis always computes on the
+        model's device). A model given by name is loaded there; a model object must already be
+        there (``model.to(device)``), else :class:`InputError` says so before any work.
 
     Returns
     -------
@@ -315,8 +321,36 @@ def analyze(
         diagnostics=diagnostics, k_max=k_max, taxonomy=taxonomy, bounds=bounds, kappa=kappa, rho=rho,
         rank_by=rank_by, distance=distance, n_random=n_random, seed=seed,
     )  # fmt: skip
+    model = place_model(model, device)
     plan = plan_analysis(model, corpus, settings)
     return run_analysis(plan, out_dir=out_dir, resume=resume, progress=progress)
+
+
+def place_model(model: Any, device: str | torch.device | None) -> Any:
+    """``model`` loaded on ``device`` when given by name; a model object checked to be on ``device``.
+
+    Examples
+    --------
+    >>> place_model("smollm2-135m", "nowhere")
+    Traceback (most recent call last):
+    ...
+    tl_geometry.errors.InputError: device='nowhere' is not a torch device: use 'cpu', 'cuda', 'cuda:1', 'mps'...
+    """
+    if device is None:
+        return model
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InputError(f"device={device!r} is not a torch device: use 'cpu', 'cuda', 'cuda:1', 'mps'...") from None
+    if isinstance(model, str):
+        return load_model(model, device=target)
+    here = model_device(model)
+    if here.type != target.type or (target.index is not None and here.index != target.index):
+        raise InputError(
+            f"the model is on {here} but device={str(target)!r}: move it first (model.to({str(target)!r})) "
+            "or pass the model by name to load it there"
+        )
+    return model
 
 
 @dataclass(frozen=True)
@@ -396,15 +430,26 @@ def plan_analysis(model: Any, corpus: Any, settings: AnalysisSettings) -> Analys
 
 
 def run_analysis(
-    plan: AnalysisPlan, out_dir: str | Path | None = None, *, resume: bool = True, progress: bool = True
+    plan: AnalysisPlan,
+    out_dir: str | Path | None = None,
+    *,
+    resume: bool = True,
+    progress: bool = True,
+    windows: Sequence[int] | None = None,
 ) -> AnalysisResult:
-    """Run a checked :class:`AnalysisPlan`; ``out_dir``, ``resume`` and ``progress`` as for :func:`analyze`."""
+    """Run a checked :class:`AnalysisPlan`; ``out_dir``, ``resume`` and ``progress`` as for :func:`analyze`.
+
+    ``windows`` (default: all) are the indices of the windows this call analyses, for instance one
+    process's shard under torchrun (:mod:`tl_geometry.distributed`); the tables' ``seq`` column keeps
+    the index of the window in ``plan.tokens``, and the accumulators hold those windows only.
+    """
     store = RunStore(out_dir, plan.identity(), resume=resume) if out_dir is not None else None
     wiring = _Wiring.build(plan)
     if store is not None:
         wiring.load_states(store.states)
     done = store.done_seqs() if store is not None else set()
-    todo = [i for i in range(plan.tokens.shape[0]) if i not in done]
+    mine = range(plan.tokens.shape[0]) if windows is None else sorted(set(int(i) for i in windows))
+    todo = [i for i in mine if i not in done]
     start = time.perf_counter()
     try:
         kept, analysis_s = _run_batches(plan, wiring, store, todo, progress, initial=len(done))
@@ -475,7 +520,7 @@ def _run_batches(
     (with the accumulators' states) or kept. Returns the kept tables and the seconds spent observing."""
     kept: list[pd.DataFrame] = []
     spent: list[float] = []  # seconds inside the observers, per layer
-    bar = tqdm(total=plan.tokens.shape[0], initial=initial, desc="sequences", unit="seq", disable=not progress)
+    bar = tqdm(total=initial + len(todo), initial=initial, desc="sequences", unit="seq", disable=not progress)
     try:
         for b0 in range(0, len(todo), plan.settings.batch_size):
             ids = torch.tensor(todo[b0 : b0 + plan.settings.batch_size], dtype=torch.int64)

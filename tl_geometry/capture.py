@@ -66,14 +66,18 @@ def forward_with_hooks(model: Any, tokens: Int[Tensor, "batch pos"], fwd_hooks: 
 
 
 def resolve_query_positions(spec: Any, seq_len: int) -> tuple[int, ...]:
-    """Query positions from a user spec: ``"last"``, an int, a sequence of ints, or a range/slice.
+    """Query positions from a user spec: ``"last"``, ``"all"``, an int, a sequence of ints, or a range/slice.
 
     Negative positions count from the end (``-1`` is the last). Returned sorted and unique.
     Position 0 has a single key and is allowed, though every metric is trivially 1 there.
     """
     if isinstance(spec, str):
+        if spec == "all":
+            return tuple(range(seq_len))
         if spec != "last":
-            raise InputError(f"query_positions={spec!r} is not understood: use 'last', an int, a list or a range")
+            raise InputError(
+                f"query_positions={spec!r} is not understood: use 'last', 'all', an int, a list or a range"
+            )
         return (seq_len - 1,)
     if isinstance(spec, slice):
         spec = range(*spec.indices(seq_len))

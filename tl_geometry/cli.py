@@ -12,7 +12,7 @@ A run directory holds::
     *.parquet            every table (separability, value_norms, similarity, ..., heads)
     tokens.npy, result.json    the windows and metadata (tl_geometry.load_result reads them)
     head_grid.html       the circuitsvis head grid fragment
-    head_effects.parquet loss change of mean-ablating each head (the report's effect by regime)
+    head_effects.parquet loss change of mean-ablating each head (--mean-ablation; the report's effect by regime)
     progress/            per-batch parts and accumulator states, for --resume
 """
 
@@ -29,17 +29,20 @@ import warnings
 from pathlib import Path
 
 from ._files import write_json_atomic
+from .distributed import World, check_shards, has_progress
 from .errors import TLGeometryError
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 #: Tokens of the first window shown in the report's head grid.
 GRID_TOKENS = 48
-#: Tokens of the first window over which each head is mean-ablated (the report's effect by regime:
-#: one forward pass per head, about 20 s for SmolLM2's 270 heads on one CPU thread).
+#: Tokens of the first window over which ``--mean-ablation`` mean-ablates each head (the report's
+#: effect by regime; one forward pass per head, about 1.4 s each for SmolLM2 on one CPU thread).
 ABLATION_TOKENS = 128
 #: Heads shown in the head grid (each regime keeps a share, largest margin first).
 GRID_HEADS = 32
+#: Weight dtypes of ``--dtype``.
+MODEL_DTYPES = {"float32": "float32", "float64": "float64", "bfloat16": "bfloat16", "float16": "float16"}
 #: The file that marks a directory as written by ``tl-geometry run`` (only such a directory is
 #: replaced by ``--force``); it holds the command that started the run.
 MARKER_FILE = ".tl-geometry-run"
@@ -57,10 +60,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--n-seqs", type=int, default=8, help="number of token windows (default 8)")
     run.add_argument("--seq-len", type=int, default=512, help="tokens per window, BOS included (default 512)")
     run.add_argument("--ns", default="log", help="selection sizes N: 'log' (default), 'all', or a comma list like 1,2,4,8")
-    run.add_argument("--query", default="last", help="query positions: 'last' (default) or a comma list of ints")
+    run.add_argument("--query", default="last", help="query positions: 'last' (default), 'all', or a comma list of ints")
+    run.add_argument("--query-stride", type=int, default=None, metavar="K",
+                     help="every K-th query position: K-1, 2K-1, ... (instead of --query)")
+    run.add_argument("--device", default=None,
+                     help="where the model runs and the analysis computes: cpu (default), cuda (cuda:LOCAL_RANK under torchrun), cuda:1, mps")
+    run.add_argument("--dtype", default="float32", choices=sorted(MODEL_DTYPES),
+                     help="the model's weight dtype (default float32)")
+    run.add_argument("--analysis-dtype", default="float64", choices=["float64", "float32"],
+                     help="precision of the analysis: float64 (default); float32 screens separability in float32 "
+                          "and re-decides near ties in float64 (identical counts)")
     run.add_argument("--kappa", type=float, default=0.5, help="the bounds' concentration constant (default 0.5)")
     run.add_argument("--no-bounds", action="store_true", help="skip the theoretical envelopes")
     run.add_argument("--no-diagnostics", action="store_true", help="skip the assumption diagnostics")
+    run.add_argument("--mean-ablation", action="store_true",
+                     help="mean-ablate each head over the first window's first 128 tokens for the report's effect by "
+                     "regime (one forward pass per head: about 6 min for SmolLM2 on one CPU thread)")  # fmt: skip
     run.add_argument("--batch-size", type=int, default=4, help="windows per forward pass (default 4)")
     run.add_argument(
         "--rank-by", default="attention,random",
@@ -106,12 +121,20 @@ def _settings(args: argparse.Namespace):
         raise TLGeometryError(f"--batch-size must be at least 1, got {args.batch_size}")
     if not (math.isfinite(args.kappa) and args.kappa > 0):
         raise TLGeometryError(f"--kappa must be a positive finite number, got {args.kappa}")
+    if args.query_stride is not None and args.query_stride < 1:
+        raise TLGeometryError(f"--query-stride must be at least 1, got {args.query_stride}")
+    if args.query_stride is not None and args.query != "last":
+        raise TLGeometryError("give either --query or --query-stride, not both")
+    if args.query_stride is not None:
+        queries = slice(args.query_stride - 1, None, args.query_stride)
+    else:
+        queries = _parse_ints(args.query, "--query", AnalysisSettings.QUERY_WORDS)
     return AnalysisSettings(
         ns=_parse_ints(args.ns, "--ns", ("log", "all")),
-        query_positions=_parse_ints(args.query, "--query", AnalysisSettings.QUERY_WORDS),
+        query_positions=queries,
         batch_size=args.batch_size, diagnostics=not args.no_diagnostics, bounds=not args.no_bounds,
         kappa=args.kappa, rank_by=[name.strip() for name in args.rank_by.split(",") if name.strip()],
-        distance=args.distance, n_random=args.n_random, seed=args.seed,
+        distance=args.distance, n_random=args.n_random, seed=args.seed, dtype=args.analysis_dtype,
     )  # fmt: skip
 
 
@@ -139,7 +162,7 @@ def _check_out(args: argparse.Namespace) -> Path:
         raise TLGeometryError(
             f"{out} already exists and was not written by tl-geometry run (no {MARKER_FILE}): choose another --out"
         )
-    if args.resume and not (out / "progress" / "progress.json").exists():
+    if args.resume and not has_progress(out / "progress"):
         raise TLGeometryError(f"--resume: {out} holds no interrupted run (no progress/progress.json); drop --resume")
     return out
 
@@ -193,12 +216,49 @@ def _corpus(args: argparse.Namespace):
     return corpus.from_files(args.corpus, n_seqs=args.n_seqs, seq_len=args.seq_len)
 
 
+def _device(args: argparse.Namespace, world: World | None):
+    import torch
+
+    if args.device is None:
+        return None
+    try:
+        device = torch.device(args.device)
+    except (RuntimeError, TypeError):
+        raise TLGeometryError(f"--device {args.device!r} is not a torch device: use cpu, cuda, cuda:1 or mps") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise TLGeometryError("--device cuda: no CUDA device is available here; use --device cpu")
+    return world.device(args.device) if world is not None else device
+
+
 def run_command(args: argparse.Namespace) -> int:
+    world = World.from_env()
+    if world is not None and world.size == 1:
+        world = None
     settings = _settings(args)
+    device = _device(args, world)
     out = _check_out(args)
+    if world is not None and not args.force:
+        check_shards(out / "progress", world.size)
     corpus = _corpus(args)
-    if not out.exists():
+    if world is not None:
+        import torch
+
+        world.start(device or torch.device("cpu"))
+        try:
+            return _run_command(args, settings, device, out, corpus, world)
+        finally:
+            world.stop()
+    return _run_command(args, settings, device, out, corpus, world)
+
+
+def _run_command(args, settings, device, out: Path, corpus, world: World | None) -> int:
+    import torch
+
+    main_process = world is None or world.is_main
+    if main_process and not out.exists():
         _claim_out(out, args)  # a path we cannot write to fails now, before the model is loaded
+    if world is not None:
+        world.barrier()
 
     import tl_geometry as tlg
     from .analysis import plan_analysis, run_analysis
@@ -209,12 +269,22 @@ def run_command(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     print(f"loading {args.model} ...", file=sys.stderr)
-    model = tlg.load_model(args.model)
+    model = tlg.load_model(args.model, device=device, dtype=getattr(torch, MODEL_DTYPES[args.dtype]))
     load_s = time.perf_counter() - t0
     plan = plan_analysis(model, corpus, settings)
-    _claim_out(out, args)
+    if main_process:
+        _claim_out(out, args)
+    if world is not None:
+        world.barrier()
     try:
-        result = run_analysis(plan, out / "progress", resume=True, progress=not args.no_progress)
+        if world is not None:
+            from .distributed import run_sharded
+
+            result = run_sharded(plan, out / "progress", world, show_progress=not args.no_progress)
+            if result is None:
+                return 0
+        else:
+            result = run_analysis(plan, out / "progress", resume=True, progress=not args.no_progress)
     except StoreError as exc:
         raise TLGeometryError(f"{exc}; or start over with --force") from None
     except KeyboardInterrupt:
@@ -234,8 +304,9 @@ def run_command(args: argparse.Namespace) -> int:
         warnings.filterwarnings("ignore", message=r".*heads chosen; the head grid shows", category=UserWarning)
         grid = head_grid_html(model, result.tokens[0, :GRID_TOKENS], heads, max_heads=GRID_HEADS)
     (out / "head_grid.html").write_text(grid, encoding="utf-8")
-    effects = tlg.patching.mean_ablation(model, result.tokens[:1, :ABLATION_TOKENS])
-    effects.to_parquet(out / EFFECTS_FILE, index=False)
+    if args.mean_ablation:
+        effects = tlg.patching.mean_ablation(model, result.tokens[:1, :ABLATION_TOKENS])
+        effects.to_parquet(out / EFFECTS_FILE, index=False)
     versions = installed_versions()
     run_info = {
         "model": result.model.__dict__,
@@ -257,7 +328,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from .report import EFFECTS_FILE, build_report
+    from .report import build_report
 
     src = Path(args.dir)
     if not src.is_dir():

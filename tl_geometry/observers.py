@@ -29,8 +29,8 @@ from torch import Tensor
 from .capture import LayerBatch, values_per_head
 from .errors import InputError
 from .models import ModelInfo
-from .selection import NsLike
 from .rankings import DEFAULT_N_RANDOM, check_distance, check_n_random, check_rankings, check_seed, row_keys
+from .selection import NsLike
 from .separability import separability
 from .tables import KEY_COLUMNS, empty_table, head_rows_table
 

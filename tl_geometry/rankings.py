@@ -86,7 +86,9 @@ def check_rankings(rank_by: Any) -> tuple[str, ...]:
     """
     names = [rank_by] if isinstance(rank_by, str) else rank_by
     if not isinstance(names, (Sequence, np.ndarray)) or len(names) == 0:
-        raise InputError(f"rank_by must be a ranking or a non-empty list of them ({', '.join(RANKINGS)}), got {rank_by!r}")
+        raise InputError(
+            f"rank_by must be a ranking or a non-empty list of them ({', '.join(RANKINGS)}), got {rank_by!r}"
+        )
     return tuple(dict.fromkeys(check_rank_by(name) for name in names))
 
 
@@ -153,7 +155,9 @@ def row_keys(seq: Any = 0, layer: Any = 0, head: Any = 0, query_pos: Any = 0) ->
     return mix(seq, layer, head, query_pos)
 
 
-def uniform_scores(keys: Int[Tensor, "*batch"], n_keys: int, draws: int = 1, seed: int = 0) -> Float[Tensor, "*batch draw k"]:
+def uniform_scores(
+    keys: Int[Tensor, "*batch"], n_keys: int, draws: int = 1, seed: int = 0
+) -> Float[Tensor, "*batch draw k"]:
     """``u[..., r, i]`` uniform in ``[0, 1)``: the top 53 bits of ``mix(seed, key, r, i)``, float64.
 
     Parameters

@@ -76,7 +76,7 @@ class Separability:
     n_draws : draws averaged per row (``n_random`` for ``"random"``, else 1).
     """
 
-    ns: Int[Tensor, "n"]
+    ns: Int[Tensor, " n"]
     precision: Float[Tensor, "*batch n"]
     recall: Float[Tensor, "*batch n"]
     r_min: Float[Tensor, "*batch n"]
@@ -99,7 +99,7 @@ class PrecisionRecallAtRadius:
     where the closed ball ``B_r(s(N))`` holds no contribution at all.
     """
 
-    ns: Int[Tensor, "n"]
+    ns: Int[Tensor, " n"]
     radii: Float[Tensor, "*batch n r"]
     precision: Float[Tensor, "*batch n r"]
     recall: Float[Tensor, "*batch n r"]
@@ -245,7 +245,9 @@ class _ScaledRows:
         weight_exp = torch.frexp(w.amax(dim=-1)).exponent + math.ceil(math.log2(n_keys))
         v_max = v.abs().amax(dim=(-2, -1)) if v.shape[-1] else w.new_zeros(w.shape[0])
         value_exp = torch.frexp(v_max).exponent
-        return cls(torch.ldexp(w, -weight_exp[:, None]), torch.ldexp(v, -value_exp[:, None, None]), weight_exp, value_exp)
+        return cls(
+            torch.ldexp(w, -weight_exp[:, None]), torch.ldexp(v, -value_exp[:, None, None]), weight_exp, value_exp
+        )
 
     def length_exp(self) -> Tensor:
         return self.weight_exp + self.value_exp
@@ -348,7 +350,9 @@ class _Screen:
     unit: float  # relative rounding bound of the screening and the direct distances
 
     @classmethod
-    def of(cls, y: Tensor, centers: Tensor, rank: Tensor, distance: str, dtype: torch.dtype, length_exp: Tensor) -> "_Screen":
+    def of(
+        cls, y: Tensor, centers: Tensor, rank: Tensor, distance: str, dtype: torch.dtype, length_exp: Tensor
+    ) -> "_Screen":
         sq = einops.einsum(y, y, "r k d, r k d -> r k")
         norms = sq if distance == "euclidean" else sq.sqrt()
         unit = (y.shape[-1] + 8) * (torch.finfo(dtype).eps + torch.finfo(torch.float64).eps)
@@ -368,7 +372,7 @@ class _Screen:
             y_max = self.sq_screen.amax(dim=-1).to(torch.float64).sqrt()[:, None, None]
             band = 2 * self.unit * (y_max + s_norm) ** 2
         else:
-            norm_s = einops.rearrange(s_norm, "r draw g -> r 1 (draw g)").to(e_dtype := self.y_screen.dtype)
+            norm_s = einops.rearrange(s_norm, "r draw g -> r 1 (draw g)").to(self.y_screen.dtype)
             e = _cosine(torch.bmm(self.y_screen, s_t), self.sq_screen[:, :, None], norm_s, self.eps[:, None, None])
             band = torch.full_like(s_norm, 2 * self.unit)
         e = e.view(n_rows, n_keys, n_draws, n_sizes)
@@ -470,7 +474,7 @@ def _local_errors(z: Tensor, centers: Tensor, mass: Tensor) -> tuple[Tensor, Ten
 def precision_recall_at_radius(
     weights: Float[Tensor, "*batch k"],
     values: Float[Tensor, "*batch k d"],
-    radii: Float[Tensor, "r"] | Float[Tensor, "*batch n r"],
+    radii: Float[Tensor, " r"] | Float[Tensor, "*batch n r"],
     ns: NsLike = None,
     *,
     dtype: torch.dtype = torch.float64,
@@ -528,9 +532,7 @@ def precision_recall_at_radius(
     def unpack(x: Tensor) -> Tensor:
         return einops.unpack(x, packing, "* n r")[0]
 
-    return PrecisionRecallAtRadius(
-        ns=ns_t, radii=unpack(radii_out), precision=unpack(precision), recall=unpack(recall)
-    )
+    return PrecisionRecallAtRadius(ns=ns_t, radii=unpack(radii_out), precision=unpack(precision), recall=unpack(recall))
 
 
 def _direct_distances(weights: Tensor, values: Tensor, ns: Tensor, max_block_bytes: int) -> Tensor:
@@ -541,9 +543,7 @@ def _direct_distances(weights: Tensor, values: Tensor, ns: Tensor, max_block_byt
     per_size = n_rows * n_keys * dim * contributions.element_size()
     size_block = max(1, max_block_bytes // max(per_size, 1))
     blocks = [
-        torch.linalg.vector_norm(
-            contributions[:, :, None, :] - centers[:, None, g0 : g0 + size_block, :], dim=-1
-        )
+        torch.linalg.vector_norm(contributions[:, :, None, :] - centers[:, None, g0 : g0 + size_block, :], dim=-1)
         for g0 in range(0, ns.shape[0], size_block)
     ]
     return torch.cat(blocks, dim=-1)

@@ -264,7 +264,7 @@ class AnalysisSettings:
     """
 
     #: The words ``query_positions`` accepts besides positions.
-    QUERY_WORDS = ("last",)
+    QUERY_WORDS = ("last", "all")
 
     ns: Any = field(default="log", metadata=setting(_check_ns, _encode_ints))
     query_positions: Any = field(

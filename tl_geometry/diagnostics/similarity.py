@@ -216,9 +216,17 @@ def similarity_decay(
     Examples
     --------
     >>> import torch, tl_geometry as tlg
+    >>> _ = torch.manual_seed(0)
     >>> v = torch.randn(2, 256, 1, 512)            # independent directions: c(k) ~ 0
     >>> res = tlg.similarity_decay(v, k_max=32)
-    >>> res.summary[["beta", "mae", "share_negative", "rho_0"]]   # beta large, share ~ 0.5
-    >>> res.curve.head()
+    >>> res.summary[["mae", "share_negative"]].round(2)   # half the cosines negative
+       mae  share_negative
+    0  0.0             0.5
+    >>> bool(abs(res.summary["rho_0"].iloc[0]) < 0.01)   # the sink is as unrelated as the rest
+    True
+    >>> bool(res.summary["beta"].iloc[0] > 10)    # exp(-beta k) ~ 0 from the first lag
+    True
+    >>> list(res.curve.columns)
+    ['kv_head', 'k', 'c', 'c_std', 'share_negative', 'n_pairs', 'fit']
     """
     return SimilarityAccumulator(k_max).update(values).result()

@@ -13,6 +13,7 @@ function                          needs                                        p
 :func:`attention_mass`            ``analyze(..., diagnostics=True)``           Fig. 4
 :func:`separability`              any ``analyze``                              Fig. 5
 :func:`envelopes`                 ``analyze(..., bounds=True)``                Fig. 5
+:func:`separability_by_ranking`   ``analyze(..., rank_by=(..., "random"))``    —
 :func:`sink_correlation`          ``taxonomy=True`` or ``diagnostics=True``    Fig. 6
 :func:`regime_diagnostics`        ``taxonomy=True`` + ``classify_heads``       Fig. 7
 :func:`regimes_by_layer`          ``classify_heads`` (``taxonomy=True``)       Fig. 8
@@ -38,6 +39,7 @@ from .heatmap import head_heatmap, head_values
 from .norms import norm_cv_histogram, norms_by_position
 from .regime_curves import example_heads, regime_diagnostics
 from .regime_summaries import regime_pr, regimes_by_layer
+from .rankings import RANKING_COLORS, separability_by_ranking
 from .regime_tests import REGIME_SYMBOLS, effect_by_regime, regime_clusters
 from .selection import envelopes, separability
 from .similarity import mae_histogram, similarity_curves
@@ -53,6 +55,8 @@ __all__ = [
     "attention_mass",
     "separability",
     "envelopes",
+    "separability_by_ranking",
+    "RANKING_COLORS",
     "sink_correlation",
     "regime_diagnostics",
     "regimes_by_layer",

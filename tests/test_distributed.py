@@ -1,0 +1,166 @@
+"""torchrun: sharded runs equal single-process runs, and a dead rank resumes without loss.
+
+Every test here starts real processes (``torchrun --standalone --nproc-per-node=2``, gloo, CPU) on a
+tiny random LLaMA saved to a directory (``--model DIR``), and compares every table with a
+single-process run of the same command.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tl_geometry.distributed import World, check_shards, shard_windows
+from tl_geometry.errors import InputError
+
+REPO = Path(__file__).resolve().parents[1]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+#: Tables computed window by window (equal bit for bit); the others come from sums over windows,
+#: added in another order by the shards (equal to rounding; labels and integers exactly). A standard
+#: deviation from sums of squares, sqrt(E[x^2] - E[x]^2), turns a rounding of 1e-16 into 1e-8 where
+#: the spread is zero (the BOS position's norm is the same in every window).
+PER_WINDOW = {"separability", "head_effects"}
+
+# A rank that dies after its second saved batch (only when TLG_TEST_DIE_RANK is set): loaded by
+# Python at start-up through sitecustomize, so the package itself carries no test hook.
+DIE_HOOK = """
+import os
+if os.environ.get("TLG_TEST_DIE_RANK") == os.environ.get("RANK"):
+    import tl_geometry.store as _store
+    _write = _store.RunStore.write
+    _count = [0]
+    def write(self, *args, **kwargs):
+        _write(self, *args, **kwargs)
+        _count[0] += 1
+        if _count[0] == 2:
+            os._exit(17)
+    _store.RunStore.write = write
+"""
+
+
+@given(n=st.integers(0, 200), size=st.integers(1, 9))
+def test_shards_are_disjoint_and_cover_every_window(n: int, size: int) -> None:
+    shards = [shard_windows(n, rank, size) for rank in range(size)]
+    flat = sorted(i for shard in shards for i in shard)
+    assert flat == list(range(n))
+    assert all(i % size == rank for rank, shard in enumerate(shards) for i in shard)
+
+
+def test_world_from_env_and_devices() -> None:
+    assert World.from_env({}) is None
+    world = World.from_env({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1"})
+    assert (world.rank, world.size, world.local_rank) == (3, 4, 1)
+    assert str(world.device("cuda")) == "cuda:1"
+    assert str(world.device("cpu")) == "cpu"
+    with pytest.raises(InputError, match="outside WORLD_SIZE"):
+        World.from_env({"WORLD_SIZE": "2", "RANK": "2"})
+
+
+def test_shards_of_another_world_size_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "shard-00000-of-00003").mkdir()
+    check_shards(tmp_path, 3)
+    with pytest.raises(InputError, match="3 processes.*this one has 2"):
+        check_shards(tmp_path, 2)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    """A random grouped-query LLaMA (2 layers, 4 heads, 2 kv heads) and its tokenizer, saved."""
+    import torch
+    import transformers
+    from conftest import byte_tokenizer
+
+    torch.manual_seed(0)
+    tokenizer = byte_tokenizer()
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, attn_implementation="eager",
+    )  # fmt: skip
+    out = tmp_path_factory.mktemp("tiny-llama")
+    transformers.LlamaForCausalLM(config).eval().save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _env(extra: dict[str, str] | None = None, hook_dir: Path | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    paths = [str(REPO)] + ([str(hook_dir)] if hook_dir else []) + [env.get("PYTHONPATH", "")]
+    env.update(PYTHONPATH=os.pathsep.join(p for p in paths if p), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", **(extra or {}))  # fmt: skip
+    return env
+
+
+def _run(launcher: list[str], args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*launcher, "-m", "tl_geometry", "run", *args, "--no-progress"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+
+
+def _assert_same_tables(single: Path, sharded: Path) -> None:
+    names = sorted(p.stem for p in single.glob("*.parquet"))
+    assert names == sorted(p.stem for p in sharded.glob("*.parquet"))
+    assert "separability" in names and "regime_features" in names
+    for name in names:
+        a, b = pd.read_parquet(single / f"{name}.parquet"), pd.read_parquet(sharded / f"{name}.parquet")
+        if name in PER_WINDOW:
+            pd.testing.assert_frame_equal(a, b, check_exact=True)
+        else:
+            pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-9, atol=1e-8)
+
+
+def _args(model: Path, out: Path, *extra: str) -> list[str]:
+    return ["--model", str(model), "--n-seqs", "7", "--seq-len", "48", "--batch-size", "1", "--out", str(out), *extra]
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_equal_one_process(tiny_dir: Path, tmp_path: Path) -> None:
+    one = _run([sys.executable], _args(tiny_dir, tmp_path / "one", "--query-stride", "8"), _env())
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = _run(TORCHRUN, _args(tiny_dir, tmp_path / "two", "--query-stride", "8"), _env())
+    assert two.returncode == 0, two.stderr[-2000:]
+    shards = sorted(p.name for p in (tmp_path / "two" / "progress").iterdir())
+    assert shards == ["shard-00000-of-00002", "shard-00001-of-00002"]
+    _assert_same_tables(tmp_path / "one", tmp_path / "two")
+    table = pd.read_parquet(tmp_path / "two" / "separability.parquet")
+    assert sorted(table.seq.unique()) == list(range(7))
+    assert sorted(table.query_pos.unique()) == [7, 15, 23, 31, 39, 47]
+
+
+@pytest.mark.slow
+def test_dead_rank_resumes_without_redoing_or_losing(tiny_dir: Path, tmp_path: Path) -> None:
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(DIE_HOOK)
+    dead = _run(TORCHRUN, _args(tiny_dir, tmp_path / "two"), _env({"TLG_TEST_DIE_RANK": "1"}, hook))
+    assert dead.returncode != 0
+    assert not (tmp_path / "two" / "result.json").exists()
+    shard = tmp_path / "two" / "progress" / "shard-00001-of-00002"
+    saved = {p.name: p.stat().st_mtime_ns for p in (shard / "separability").iterdir()}
+    assert len(saved) == 2  # rank 1 owns windows 1, 3 and 5: two saved before it died
+    resumed = _run(TORCHRUN, _args(tiny_dir, tmp_path / "two", "--resume"), _env({"TLG_TEST_DIE_RANK": "1"}, hook))
+    # the hook would kill rank 1 at its second write again: it has one window left, so it lives
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    after = {p.name: p.stat().st_mtime_ns for p in (shard / "separability").iterdir()}
+    assert {k: after[k] for k in saved} == saved and len(after) == 3
+    one = _run([sys.executable], _args(tiny_dir, tmp_path / "one"), _env())
+    assert one.returncode == 0, one.stderr[-2000:]
+    _assert_same_tables(tmp_path / "one", tmp_path / "two")
+
+
+@pytest.mark.slow
+@pytest.mark.smollm2
+def test_torchrun_smollm2_equals_one_process(tmp_path: Path) -> None:
+    args = ["--n-seqs", "2", "--seq-len", "64", "--batch-size", "1", "--no-diagnostics"]
+    one = _run([sys.executable], [*args, "--out", str(tmp_path / "one")], _env())
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = _run(TORCHRUN, [*args, "--out", str(tmp_path / "two")], _env())
+    assert two.returncode == 0, two.stderr[-2000:]
+    _assert_same_tables(tmp_path / "one", tmp_path / "two")

@@ -1,0 +1,205 @@
+"""Many processes under ``torchrun``: disjoint shards of the windows, one merged result.
+
+``torchrun --nproc-per-node=P -m tl_geometry run ...`` starts ``P`` copies of the command line
+(:mod:`tl_geometry.cli`). Each reads ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK`` from its environment
+(:meth:`World.from_env`), joins the process group (``gloo`` on the CPU, ``nccl`` on
+``cuda:LOCAL_RANK``), and analyses the windows ``i`` with ``i % WORLD_SIZE == RANK``
+(:func:`shard_windows`) with its own copy of the model, writing its own resumable store in
+``OUT/progress/shard-RRRRR-of-WWWWW/``. When every rank is done, rank 0 gathers each rank's rows and
+accumulator states through ``torch.distributed.gather_object``, merges the accumulators
+(``Observer.merge``: sums over windows) and writes one set of tables and one report.
+
+The rows equal those of a single-process run with the same arguments (they are computed per
+window, and sorted by window, layer, head, query and ``N`` in both); the tables made from
+accumulated sums (diagnostics, regime features) add the same per-window terms in another order,
+so they agree to rounding (1e-15 relative for sums; a standard deviation ``sqrt(E[x^2] - E[x]^2)``
+of a quantity with no spread can read 1e-8 instead of 0). A rank that dies leaves its shard's store as
+it was after its last batch: rerun the same command with ``--resume`` (same number of processes)
+and nothing done is redone or lost.
+
+Examples
+--------
+>>> shard_windows(10, rank=1, world_size=3)
+[1, 4, 7]
+>>> World.from_env({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"})
+World(rank=1, size=2, local_rank=1)
+>>> World.from_env({}) is None
+True
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+
+from .errors import InputError
+
+#: Folder of one rank's store inside ``OUT/progress``.
+SHARD_PATTERN = "shard-{rank:05d}-of-{size:05d}"
+_SHARD_RE = re.compile(r"shard-(\d{5})-of-(\d{5})")
+
+
+def shard_windows(n_windows: int, rank: int, world_size: int) -> list[int]:
+    """The windows of rank ``rank`` among ``world_size``: ``i`` with ``i % world_size == rank``.
+
+    Disjoint across ranks, together every window, and independent of anything but the three numbers.
+    """
+    return list(range(rank, n_windows, world_size))
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the processes ``torchrun`` started.
+
+    Attributes
+    ----------
+    rank : int
+        ``RANK``: 0 .. size - 1 over every node; rank 0 merges and writes the result.
+    size : int
+        ``WORLD_SIZE``: the number of processes.
+    local_rank : int
+        ``LOCAL_RANK``: the process's index on its node (its GPU, ``cuda:LOCAL_RANK``).
+    """
+
+    rank: int
+    size: int
+    local_rank: int
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "World | None":
+        """The world ``torchrun`` describes in the environment, or None outside torchrun."""
+        env = os.environ if environ is None else environ
+        if "WORLD_SIZE" not in env:
+            return None
+        try:
+            size, rank = int(env["WORLD_SIZE"]), int(env.get("RANK", "0"))
+            local = int(env.get("LOCAL_RANK", str(rank)))
+        except ValueError:
+            raise InputError("WORLD_SIZE, RANK and LOCAL_RANK must be integers: start the processes with torchrun") from None
+        if size < 1 or not 0 <= rank < size:
+            raise InputError(f"RANK={rank} is outside WORLD_SIZE={size}: start the processes with torchrun")
+        return cls(rank, size, local)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def device(self, requested: str | None) -> torch.device:
+        """``cuda:LOCAL_RANK`` when ``requested`` is ``"cuda"`` (one GPU per process), else ``requested``."""
+        if requested is None:
+            return torch.device("cpu")
+        device = torch.device(requested)
+        if device.type == "cuda" and device.index is None:
+            return torch.device("cuda", self.local_rank)
+        return device
+
+    def start(self, device: torch.device) -> None:
+        """Join the process group: ``nccl`` for CUDA devices, ``gloo`` otherwise."""
+        if dist.is_initialized():
+            return
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            dist.init_process_group("nccl", device_id=device)
+        else:
+            dist.init_process_group("gloo")
+
+    def barrier(self) -> None:
+        if dist.is_initialized():
+            dist.barrier()
+
+    def stop(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def shard_dir(self, progress: Path) -> Path:
+        """This rank's store: ``progress/shard-RRRRR-of-WWWWW``."""
+        return progress / SHARD_PATTERN.format(rank=self.rank, size=self.size)
+
+    def gather(self, payload: Any) -> list[Any] | None:
+        """Every rank's ``payload`` on rank 0 (in rank order), None on the others."""
+        out = [None] * self.size if self.is_main else None
+        dist.gather_object(payload, out, dst=0)
+        return out
+
+
+def check_shards(progress: Path, world_size: int) -> None:
+    """Refuse to resume shards written by another number of processes (their windows differ)."""
+    if not progress.is_dir():
+        return
+    sizes = {int(m.group(2)) for p in progress.iterdir() if (m := _SHARD_RE.fullmatch(p.name))}
+    other = sorted(sizes - {world_size})
+    if other:
+        raise InputError(
+            f"{progress} holds shards of a run with {other[0]} processes, and this one has {world_size}: "
+            f"resume with --nproc-per-node so that WORLD_SIZE = {other[0]}, or start over with --force"
+        )
+
+
+def has_progress(progress: Path) -> bool:
+    """Whether ``progress`` holds a single-process store or any rank's store."""
+    if (progress / "progress.json").is_file():
+        return True
+    return progress.is_dir() and any((p / "progress.json").is_file() for p in progress.glob("shard-*-of-*"))
+
+
+def run_sharded(plan: Any, progress: Path, world: World, *, show_progress: bool = True) -> Any:
+    """Analyse this rank's shard of ``plan``'s windows into its store, then merge on rank 0.
+
+    Returns the merged :class:`~tl_geometry.analysis.AnalysisResult` on rank 0 and None on the
+    other ranks. Every rank must call it (it gathers).
+    """
+    from .analysis import _assemble, _run_batches, _Wiring
+    from .store import RunStore
+    from .tables import empty_table
+
+    import time
+
+    start = time.perf_counter()
+    store = RunStore(world.shard_dir(progress), plan.identity(), resume=True)
+    wiring = _Wiring.build(plan)
+    wiring.load_states(store.states)
+    done = store.done_seqs()
+    todo = [i for i in shard_windows(plan.tokens.shape[0], world.rank, world.size) if i not in done]
+    _, analysis_s = _run_batches(plan, wiring, store, todo, show_progress and world.is_main, initial=len(done))
+    table = store.read(empty_table(wiring.columns()))
+    total_s = time.perf_counter() - start
+    payload = {"rows": _to_parquet(table), "states": wiring.states(), "analysis_s": analysis_s, "total_s": total_s}
+    gathered = world.gather(payload)
+    if gathered is None:
+        return None
+    merged = _Wiring.build(plan)
+    for part in gathered:
+        other = _Wiring.build(plan)
+        other.load_states(part["states"])
+        for name, acc in merged.accumulators.items():
+            acc.merge(other.accumulators[name])
+    tables = [_from_parquet(part["rows"]) for part in gathered]
+    rows = pd.concat([t for t in tables if len(t)], ignore_index=True) if any(len(t) for t in tables) else tables[0]
+    timings = {
+        "total_s": max(p["total_s"] for p in gathered),
+        "analysis_s": sum(p["analysis_s"] for p in gathered) / world.size,
+        "world_size": world.size,
+    }
+    timings["forward_s"] = timings["total_s"] - timings["analysis_s"]
+    return _assemble(plan, merged, rows, timings)
+
+
+def _to_parquet(table: pd.DataFrame) -> bytes:
+    buffer = io.BytesIO()
+    table.to_parquet(buffer, index=False)
+    return buffer.getvalue()
+
+
+def _from_parquet(data: bytes) -> pd.DataFrame:
+    return pd.read_parquet(io.BytesIO(data))
+
+
+__all__ = ["World", "check_shards", "has_progress", "run_sharded", "shard_windows"]
