@@ -8,6 +8,11 @@ has one), taken from the start, so the same corpus and tokenizer always give the
 Every window starts with the model's BOS token when it has one (the window then holds
 ``seq_len - 1`` text tokens). Position 0 is therefore a real attention-sink candidate, as in the
 paper's setting, rather than an arbitrary mid-document token.
+
+Text is tokenised as text: special-token text inside a document (a literal ``<|im_start|>``)
+is split like any other characters, so the only special tokens of a window are the BOS at
+position 0 and the EOS between documents. Files are read with their line endings as written
+(``from_files`` keeps CRLF, as ``from_texts`` keeps it in a string).
 """
 
 from __future__ import annotations
@@ -120,10 +125,26 @@ def _token_stream(texts: Iterable[str], tokenizer: Any, eos_token_id: int | None
             continue
         if stream and eos_token_id is not None:
             stream.append(int(eos_token_id))
-        stream.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+        stream.extend(_encode_as_text(tokenizer, text))
         if needed is not None and len(stream) >= needed:
             break
     return stream
+
+
+def _encode_as_text(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` read as plain text: a literal ``<|im_start|>`` or ``<bos>`` inside it is
+    split like any other characters, never turned into the special token (``split_special_tokens``)."""
+    try:
+        return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    except TypeError:  # a tokenizer without the option: encode, then refuse special tokens found in the text
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        if special.intersection(ids):
+            raise InputError(
+                "the corpus text contains special-token text (e.g. '<|im_start|>') that this tokenizer turns "
+                "into special tokens and cannot read as plain text: remove it from the text or pass token ids"
+            ) from None
+        return ids
 
 
 def python_docs_texts() -> list[str]:
@@ -176,7 +197,8 @@ def from_files(
 
     def read() -> Iterator[str]:
         for p in files:
-            yield p.read_text(encoding=encoding)
+            with open(p, encoding=encoding, newline="") as f:  # CRLF kept, as from_texts keeps it
+                yield f.read()
 
     name = files[0].name if len(files) == 1 else f"{len(files)} files"
     return Corpus(name=name, texts=read, n_seqs=n_seqs, seq_len=seq_len)
