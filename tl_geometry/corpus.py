@@ -17,6 +17,7 @@ position 0 and the EOS between documents. Files are read with their line endings
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -191,9 +192,14 @@ def from_files(
     files = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
     if not files:
         raise InputError("from_files got no paths")
+    folders = [str(p) for p in files if p.is_dir()]
+    if folders:
+        raise InputError(f"corpus {folders[0]} is a directory, not a text file: pass the text files inside it")
     missing = [str(p) for p in files if not p.is_file()]
     if missing:
         raise InputError(f"these corpus files do not exist: {missing[:5]}")
+    for p in files:
+        _check_text_file(p, encoding)
 
     def read() -> Iterator[str]:
         for p in files:
@@ -202,6 +208,37 @@ def from_files(
 
     name = files[0].name if len(files) == 1 else f"{len(files)} files"
     return Corpus(name=name, texts=read, n_seqs=n_seqs, seq_len=seq_len)
+
+
+def _check_text_file(path: Path, encoding: str) -> None:
+    """Raise :class:`InputError` unless ``path`` decodes as ``encoding`` text with no NUL byte.
+
+    Read in 1 MiB chunks before the model is loaded, so a binary or wrongly encoded file is one
+    clear error instead of a traceback in the middle of the run.
+    """
+    try:
+        decoder = codecs.getincrementaldecoder(encoding)()
+    except LookupError:
+        raise InputError(f"unknown text encoding {encoding!r}: use e.g. 'utf-8' or 'latin-1'") from None
+    offset = 0
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                if b"\x00" in chunk:
+                    raise InputError(
+                        f"corpus {path} is not a text file (it holds NUL bytes at byte {offset + chunk.index(0)}): "
+                        "pass a plain text file"
+                    )
+                decoder.decode(chunk)
+                offset += len(chunk)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"corpus {path} is not {encoding} text (byte {offset + exc.start} cannot be decoded): convert it "
+            f"(e.g. iconv -f latin1 -t utf-8), or pass encoding= to from_files"
+        ) from None
+    except OSError as exc:
+        raise InputError(f"cannot read corpus {path}: {exc.strerror or exc}") from None
 
 
 def from_dataset(
