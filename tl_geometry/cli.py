@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     group.add_argument("--force", action="store_true", help="replace --out if it exists")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    from .cli_sparsify import add_parser as add_sparsify_parser
+
+    add_sparsify_parser(sub)
     report = sub.add_parser("report", help="rebuild DIR/index.html from the results saved in DIR")
     report.add_argument("dir", help="a directory written by `tl-geometry run`")
     return parser
@@ -414,6 +417,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return run_command(args)
+        if args.command == "sparsify":
+            from .cli_sparsify import sparsify_command
+
+            return sparsify_command(args)
         return report_command(args)
     except TLGeometryError as exc:
         print(f"tl-geometry: error: {exc}", file=sys.stderr)

@@ -40,7 +40,7 @@ def tiny_llama_bridge(n_heads: int = 4, n_kv_heads: int = 2, n_layers: int = 2, 
     cfg = transformers.LlamaConfig(
         vocab_size=len(tok), hidden_size=8 * n_heads, intermediate_size=64, num_hidden_layers=n_layers,
         num_attention_heads=n_heads, num_key_value_heads=n_kv_heads, max_position_embeddings=128,
-        attn_implementation="eager",
+        attn_implementation="eager",  # type: ignore[call-arg]  # a PretrainedConfig keyword the stubs omit
     )  # fmt: skip
     hf = transformers.LlamaForCausalLM(cfg).eval()
     return TransformerBridge.boot_transformers("tiny-llama", hf_model=hf, tokenizer=tok)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -32,6 +32,15 @@ def unit(x: Tensor) -> Tensor:
     return x / norm.clamp_min(torch.finfo(x.dtype).tiny)
 
 
+def check_finite(x: Tensor, what: str) -> None:
+    """Raise :class:`InputError` when ``x`` holds NaN or inf (a diagnostic of it would be NaN)."""
+    if not bool(torch.isfinite(x.detach()).all()):
+        raise InputError(
+            f"{what} contain NaN or inf: check the model's dtype (fp16 overflow) or the tensor you passed; "
+            "the diagnostics are undefined for non-finite inputs"
+        )
+
+
 def check_same(name: str, mine: Any, theirs: Any, what: str) -> None:
     """Refuse to merge accumulators built with different geometry or settings."""
     if mine != theirs:
@@ -48,6 +57,9 @@ def as_state(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: as_state(v) for k, v in obj.items()}
     return obj
+
+
+_Sums = TypeVar("_Sums", bound="KeyedSums")
 
 
 class KeyedSums:
@@ -70,6 +82,12 @@ class KeyedSums:
     def _init(self, n_keys: int, n_kv: int) -> None:
         raise NotImplementedError
 
+    def geometry(self) -> tuple[int, int]:
+        """``(n_keys, n_kv_heads)`` of the sequences added; an error before the first one."""
+        if self.n_keys is None or self.n_kv_heads is None:
+            raise InputError(f"the {self.name} accumulator holds no sequence yet")
+        return self.n_keys, self.n_kv_heads
+
     def _start(self, values: Tensor, min_keys: int, needs: str) -> bool:
         """Check a batch ``values`` ``[batch, key, kv_head, d_head]`` and size the sums for it.
 
@@ -77,6 +95,7 @@ class KeyedSums:
         positions; returns False when it holds no sequence (nothing to add).
         """
         b, n_keys, n_kv, _ = values.shape
+        check_finite(values, "value vectors")
         if n_keys < min_keys:
             raise InputError(f"{needs}, got {n_keys}")
         if b == 0:
@@ -92,13 +111,13 @@ class KeyedSums:
     def _check_settings(self, other: "KeyedSums") -> None:
         """Raise if ``other`` was built with other settings (none by default)."""
 
-    def merge(self, other: "KeyedSums") -> "KeyedSums":
+    def merge(self: _Sums, other: "KeyedSums") -> _Sums:
         """Add ``other``'s sequences to this accumulator (in place; returns ``self``)."""
         self._check_settings(other)
         if other.n_seqs == 0:
             return self
         if self.n_seqs == 0:
-            self._init(other.n_keys, other.n_kv_heads)
+            self._init(*other.geometry())
         geometry = (self.n_keys, self.n_kv_heads), (other.n_keys, other.n_kv_heads)
         check_same(self.name, *geometry, "(n_keys, n_kv_heads)")
         self._add(other.sums, other.n_seqs)
@@ -119,7 +138,7 @@ class KeyedSums:
             }
         )
 
-    def _load_state(self, state: dict) -> "KeyedSums":
+    def _load_state(self: _Sums, state: dict) -> _Sums:
         self.n_seqs = int(state["n_seqs"])
         self.n_keys = state["n_keys"]
         self.n_kv_heads = state["n_kv_heads"]

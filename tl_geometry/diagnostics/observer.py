@@ -196,7 +196,8 @@ class DiagnosticsObserver:
         for layer in layers:
             st = self.layers[layer]
             nr = st.norms.result()
-            sr = st.similarity.result(k_fit=None if k_fit is None else min(k_fit, st.similarity.k_max))
+            k_max = st.similarity.k_max
+            sr = st.similarity.result(k_fit=None if k_fit is None or k_max is None else min(k_fit, k_max))
             norms.append(_with_layer(nr.summary, layer))
             norm_curves.append(_with_layer(nr.by_position, layer))
             sims.append(_with_layer(sr.summary, layer))

@@ -29,6 +29,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from .._moments import population_std
 from .._typing import typechecked
 from ..errors import InputError
 from ._common import ACC_DTYPE, KeyedSums, check_same, empty_frame, unit
@@ -81,13 +82,14 @@ class SimilarityAccumulator(KeyedSums):
         self.k_max: int | None = None
 
     def update(self, values: Tensor) -> "SimilarityAccumulator":
-        """Add the sequences of ``values`` ``[batch, key, kv_head, d_head]``."""
+        """Add the sequences of ``values`` ``[batch, key, kv_head, d_head]`` (detached: no gradient flows)."""
+        values = values.detach()
         if not self._start(values, 3, "similarity decay needs at least 3 positions (the sink and a pair)"):
             return self
         b = values.shape[0]
         u = unit(values.to(ACC_DTYPE))  # [b, L, g, d]
         rest = einops.rearrange(u[:, 1:], "b l g d -> (b g) l d").contiguous()
-        sums, sums_sq, neg = lag_cosine_sums(rest, self.k_max)
+        sums, sums_sq, neg = lag_cosine_sums(rest, self.lags())
         per_head = lambda x: einops.reduce(x, "(b g) k -> g k", "sum", b=b)  # noqa: E731
         sink_cos = einops.einsum(u[:, :1], u[:, 1:], "b one g d, b l g d -> b l g")
         add = {
@@ -100,15 +102,22 @@ class SimilarityAccumulator(KeyedSums):
         return self
 
     def _check_settings(self, other: "KeyedSums") -> None:
-        check_same("similarity", self.k_max_requested, other.k_max_requested, "k_max")
+        check_same("similarity", self.k_max_requested, getattr(other, "k_max_requested", None), "k_max")
+
+    def lags(self) -> int:
+        """``k_max`` in use, fixed by the first sequence added (the requested one, at most ``L - 2``)."""
+        if self.k_max is None:
+            raise InputError("the similarity accumulator holds no sequence yet")
+        return self.k_max
 
     def curve_tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """``(ks, c, c_std, n_neg, n_pairs)``: ``ks`` ``[k_max]``, the rest ``[kv_head, k_max]``
         except ``n_pairs`` ``[k_max]`` (pairs per head)."""
-        ks = torch.arange(1, self.k_max + 1, dtype=torch.int64)
-        n_pairs = (self.n_seqs * (self.n_keys - 1 - ks)).to(ACC_DTYPE)
+        n_keys, _ = self.geometry()
+        ks = torch.arange(1, self.lags() + 1, dtype=torch.int64)
+        n_pairs = (self.n_seqs * (n_keys - 1 - ks)).to(ACC_DTYPE)
         c = self.sums["lag"] / n_pairs
-        c_std = (self.sums["lag_sq"] / n_pairs - c.square()).clamp_min(0).sqrt()
+        c_std = population_std(c, self.sums["lag_sq"] / n_pairs)
         return ks, c, c_std, self.sums["lag_neg"], n_pairs
 
     def result(self, k_fit: int | None = None) -> SimilarityDecay:
@@ -118,19 +127,21 @@ class SimilarityAccumulator(KeyedSums):
         """
         if self.n_seqs == 0:
             return SimilarityDecay(empty_frame(SIMILARITY_COLUMNS), empty_frame(SIMILARITY_CURVE_COLUMNS))
-        k_fit = self.k_max if k_fit is None else int(k_fit)
-        if not 1 <= k_fit <= self.k_max:
-            raise InputError(f"k_fit={k_fit} is outside the accumulated lags 1..{self.k_max}")
+        n_keys, _ = self.geometry()
+        k_max = self.lags()
+        k_fit = k_max if k_fit is None else int(k_fit)
+        if not 1 <= k_fit <= k_max:
+            raise InputError(f"k_fit={k_fit} is outside the accumulated lags 1..{k_max}")
         ks, c, c_std, n_neg, n_pairs = self.curve_tensors()
         ks, c, c_std, n_neg, n_pairs = ks[:k_fit], c[:, :k_fit], c_std[:, :k_fit], n_neg[:, :k_fit], n_pairs[:k_fit]
         beta, mae = fit_exponential_decay(c, ks)
         g = c.shape[0]
-        n_sink = self.n_seqs * (self.n_keys - 1)
+        n_sink = self.n_seqs * (n_keys - 1)
         summary = pd.DataFrame(
             {
                 "kv_head": np.arange(g, dtype=np.int64),
                 "n_seqs": np.full(g, self.n_seqs, dtype=np.int64),
-                "n_keys": np.full(g, self.n_keys, dtype=np.int64),
+                "n_keys": np.full(g, n_keys, dtype=np.int64),
                 "k_max": np.full(g, k_fit, dtype=np.int64),
                 "beta": beta.numpy(),
                 "mae": mae.numpy(),
@@ -165,11 +176,12 @@ class SimilarityAccumulator(KeyedSums):
         if self.n_keys is None:
             self.n_keys, self.n_kv_heads = n_keys, n_kv
             req = self.k_max_requested
-            self.k_max = n_keys - 2 if req is None else min(req, n_keys - 2)
+            k_max = n_keys - 2 if req is None else min(req, n_keys - 2)
+            self.k_max = k_max
             self.sums = {
-                "lag": torch.zeros(n_kv, self.k_max, dtype=ACC_DTYPE),
-                "lag_sq": torch.zeros(n_kv, self.k_max, dtype=ACC_DTYPE),
-                "lag_neg": torch.zeros(n_kv, self.k_max, dtype=ACC_DTYPE),
+                "lag": torch.zeros(n_kv, k_max, dtype=ACC_DTYPE),
+                "lag_sq": torch.zeros(n_kv, k_max, dtype=ACC_DTYPE),
+                "lag_neg": torch.zeros(n_kv, k_max, dtype=ACC_DTYPE),
                 "sink": torch.zeros(n_kv, dtype=ACC_DTYPE),
             }
         else:

@@ -27,6 +27,7 @@ SECTIONS = {
     "envelopes": "Envelopes",
     "diagnostics": "Assumption diagnostics",
     "taxonomy": "Head taxonomy",
+    "sparsification": "Sparsification (top-N intervention)",
     "other": "More figures",
 }
 
