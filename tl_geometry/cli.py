@@ -119,6 +119,7 @@ def _settings(args: argparse.Namespace):
         raise TLGeometryError(f"--query-stride must be at least 1, got {args.query_stride}")
     if args.query_stride is not None and args.query != "last":
         raise TLGeometryError("give either --query or --query-stride, not both")
+    queries: object
     if args.query_stride is not None:
         queries = slice(args.query_stride - 1, None, args.query_stride)
     else:
@@ -255,10 +256,11 @@ def _run_command(args, settings, device, out: Path, corpus, world: World | None)
         world.barrier()
 
     import tl_geometry as tlg
+
     from .analysis import plan_analysis, run_analysis
-    from .store import StoreError
     from .environment import installed_versions
     from .report import EFFECTS_FILE, build_report
+    from .store import StoreError
     from .vis import head_grid_html
 
     t0 = time.perf_counter()
@@ -321,7 +323,7 @@ def _run_command(args, settings, device, out: Path, corpus, world: World | None)
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from .report import EFFECTS_FILE, build_report
+    from .report import build_report
 
     src = Path(args.dir)
     if not src.is_dir():
