@@ -31,13 +31,15 @@ def main() -> None:
     parser.add_argument("--local-n", type=int, default=8)
     parser.add_argument("--no-local", action="store_true")
     parser.add_argument("--no-refine", action="store_true")
+    parser.add_argument("--renormalize", default="both", choices=("both", "deletion", "renormalize"))
     args = parser.parse_args()
     ns = "pow2" if args.ns == "pow2" else [int(x) for x in args.ns.split(",")]
     out = Path(args.out)
     start = time.perf_counter()
     model = tlg.load_model("smollm2-135m")
     corpus = tlg.corpus.python_docs(n_seqs=args.n_seqs, seq_len=args.seq_len)
-    curve = tlg.sparsification_curve(model, corpus, ns=ns, batch_size=args.batch_size, out_dir=out)
+    flags = {"both": (False, True), "deletion": (False,), "renormalize": (True,)}[args.renormalize]
+    curve = tlg.sparsification_curve(model, corpus, ns=ns, renormalize=flags, batch_size=args.batch_size, out_dir=out)
     n_star = curve.effective_set_size(tolerance=0.05, refine=not args.no_refine)
     n_star_grid = curve.effective_set_size(tolerance=0.05, refine=False)
     grid_ns = sorted(set(curve.table[curve.table.stage == "grid"].n))

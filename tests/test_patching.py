@@ -7,11 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-import torch.nn.functional as F
+from conftest import build, model_kinds
 
 import tl_geometry as tlg
 from tl_geometry.errors import InputError
-from conftest import build, model_kinds
 
 
 def _tokens(seed: int, shape=(2, 9)) -> torch.Tensor:
@@ -88,7 +87,9 @@ def test_join_heads_with_a_tensor_a_frame_and_the_separability(tiny_result) -> N
     heads = tiny_result.classify_heads()
     effects = torch.arange(8, dtype=torch.float64).reshape(2, 4)
     table = tlg.join_heads(effects, heads, tiny_result, n=2)
-    assert list(table[["layer", "head"]].itertuples(index=False, name=None)) == [(l, h) for l in range(2) for h in range(4)]
+    assert list(table[["layer", "head"]].itertuples(index=False, name=None)) == [
+        (a, h) for a in range(2) for h in range(4)
+    ]
     assert table.effect.tolist() == list(range(8)) and table.attrs["value"] == "effect"
     assert (table.regime.astype(str) == heads.regime.astype(str)).all() and "regime_nearest" in table
     sep = tiny_result.separability
@@ -111,7 +112,7 @@ def _kruskal_by_hand(groups: list[np.ndarray]) -> float:
     ranks = values.argsort().argsort() + 1.0
     n, start, total = len(values), 0, 0.0
     for g in groups:
-        total += ranks[start:start + len(g)].sum() ** 2 / len(g)
+        total += ranks[start : start + len(g)].sum() ** 2 / len(g)
         start += len(g)
     return 12 / (n * (n + 1)) * total - 3 * (n + 1)
 
@@ -144,9 +145,30 @@ def test_effect_by_regime_draws_every_head_in_its_regime_box() -> None:
                           "delta_loss": [0.5, 0.1, 0.2, 0.3, 0.4]})  # fmt: skip
     table.attrs["value"] = "delta_loss"
     fig = tlg.plot.effect_by_regime(table)
-    assert [t.name for t in fig.data] == ["Retriever (1 heads)", "Mixer (1 heads)", "Reset (2 heads)", "Unclassified (1 heads)"]
+    assert [t.name for t in fig.data] == [
+        "Retriever (1 heads)",
+        "Mixer (1 heads)",
+        "Reset (2 heads)",
+        "Unclassified (1 heads)",
+    ]
     assert list(fig.data[2].y) == [0.1, 0.2] and list(fig.data[2].text) == ["L0H1", "L0H2"]
     nearest = tlg.plot.effect_by_regime(table, mode="nearest")
     assert [t.name for t in nearest.data][-1] == "Reset (3 heads)" and list(nearest.data[-1].y) == [0.1, 0.2, 0.4]
     with pytest.raises(InputError, match="value="):
         tlg.plot.effect_by_regime(table.drop(columns="delta_loss"))
+
+
+def test_localized_loss_joins_by_head(llama_bridge, tiny_result) -> None:
+    from tl_geometry.corpus import from_tokens
+
+    local = tlg.localized_loss(llama_bridge, from_tokens(_tokens(4, (2, 12))), n=2, unit="head", progress=False)
+    heads = tiny_result.classify_heads()
+    table = tlg.join_heads(local, heads)
+    assert table.attrs["value"] == "delta_nll_rel" and len(table) == 8
+    want = local.set_index(["layer", "head"]).delta_nll_rel
+    assert all(row.delta_nll_rel == want[(row.layer, row.head)] for row in table.itertuples())
+    summary = tlg.regime_function(tiny_result, local, mode="nearest", n_resamples=99)
+    assert summary.value == "delta_nll_rel" and summary.table.n_heads.sum() == 8
+    by_layer = tlg.localized_loss(llama_bridge, from_tokens(_tokens(4, (2, 12))), n=2, unit="layer", progress=False)
+    with pytest.raises(InputError, match="unit='head'"):
+        tlg.join_heads(by_layer, heads)

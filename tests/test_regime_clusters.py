@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from test_taxonomy import synthetic_heads
 
 import tl_geometry as tlg
 import tl_geometry.taxonomy as tx
 from tl_geometry.errors import InputError
-from test_taxonomy import synthetic_heads
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,9 @@ def test_cluster_plane_is_the_first_two_principal_components(planted) -> None:
     got = {name: (px, py) for t in fig.data for name, px, py in zip(t.text, t.x, t.y)}
     sign = [np.sign(got["L0H0"][i] / want["L0H0"][i]) for i in (0, 1)]
     for name, (px, py) in got.items():
-        assert px == pytest.approx(sign[0] * want[name][0], abs=1e-9) and py == pytest.approx(sign[1] * want[name][1], abs=1e-9)
+        assert px == pytest.approx(sign[0] * want[name][0], abs=1e-9) and py == pytest.approx(
+            sign[1] * want[name][1], abs=1e-9
+        )
     # one symbol per rule label, one colour per cluster
     for t in fig.data:
         cluster, label = t.name.split(" · ")

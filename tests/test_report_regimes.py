@@ -35,7 +35,9 @@ def test_report_shows_both_modes_and_the_two_tests_of_the_regimes(result, tmp_pa
     assert "Do the regimes differ in function?" in taxonomy and "pass effects=" in taxonomy  # no effects given
     # effects as a tensor, then from the run directory's head_effects.parquet
     effects = torch.arange(8, dtype=torch.float64).reshape(2, 4)
-    with_effects = _section(build_report(result, tmp_path / "b", effects=effects).read_text(encoding="utf-8"), "taxonomy")
+    with_effects = _section(
+        build_report(result, tmp_path / "b", effects=effects).read_text(encoding="utf-8"), "taxonomy"
+    )
     assert "pass effects=" not in with_effects and with_effects.count('class="plotly-graph-div"') == \
         taxonomy.count('class="plotly-graph-div"') + 1  # fmt: skip
     run = tmp_path / "run"
@@ -52,3 +54,26 @@ def test_head_grid_names_the_nearest_label_where_it_differs(llama_bridge) -> Non
     grid = head_grid(llama_bridge, "def f(x):\n    return x", heads, sort_by_regime=False)
     assert grid.names == ["L0H0 · Reset", "L0H1 · Unclassified (nearest: Mixer)", "L1H2 · Mixer"]
     assert grid.heads.regime_nearest.tolist() == ["Reset", "Mixer", "Mixer"]
+
+
+def test_cli_mean_ablation_feeds_the_effect_figure(tmp_path, capsys, monkeypatch) -> None:
+    from conftest import tiny_llama_bridge
+
+    from tl_geometry import cli
+
+    model = tiny_llama_bridge()
+    monkeypatch.setattr(tlg, "load_model", lambda name, **kw: model)
+    out = tmp_path / "run"
+    base = ["run", "--n-seqs", "2", "--seq-len", "24", "--no-progress", "--no-bounds", "--no-diagnostics"]
+    assert cli.main(base + ["--out", str(out), "--mean-ablation"]) == 0
+    effects = pd.read_parquet(out / EFFECTS_FILE)
+    want = tlg.patching.mean_ablation(model, tlg.load_result(out).tokens[:1, : cli.ABLATION_TOKENS])
+    pd.testing.assert_frame_equal(effects, want)
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert "pass effects=" not in _section(page, "taxonomy")
+    assert cli.main(base + ["--out", str(tmp_path / "plain")]) == 0  # without the flag: no ablation, a note
+    assert not (tmp_path / "plain" / EFFECTS_FILE).exists()
+    assert "tl-geometry run --mean-ablation" in _section(
+        (tmp_path / "plain" / "index.html").read_text(encoding="utf-8"), "taxonomy"
+    )
+    capsys.readouterr()

@@ -21,7 +21,6 @@ from tl_geometry.capture import LayerBatch, run_streaming
 from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo, hook_pattern_name, hook_v_name
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

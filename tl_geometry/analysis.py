@@ -13,6 +13,7 @@ batches and assembles the result.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -160,7 +161,7 @@ class AnalysisResult:
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         for name, table in self.tables().items():
-            write_atomic(out / f"{name}.parquet", lambda p, t=table: t.to_parquet(p, index=False))
+            write_atomic(out / f"{name}.parquet", functools.partial(table.to_parquet, index=False))
         write_atomic(out / "tokens.npy", lambda p: np.save(p.open("wb"), self.tokens.cpu().numpy()))
         meta = {"format": RESULT_FORMAT, "model": asdict(self.model), "config": self.config, "timings": self.timings}
         write_json_atomic(out / "result.json", meta)

@@ -129,7 +129,7 @@ def load_smollm2(device: str | torch.device | None = None, dtype: torch.dtype = 
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
     if device is not None:
-        hf_model = hf_model.to(device)
+        hf_model = hf_model.to(device)  # type: ignore[arg-type]  # transformers types .to through a decorator
     hf_model.eval()
     return bridge_cls.boot_transformers(SMOLLM2_HF_NAME, hf_model=hf_model, tokenizer=tokenizer, dtype=dtype)
 

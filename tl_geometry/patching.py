@@ -30,7 +30,12 @@ HOOK_Z = "blocks.{layer}.attn.hook_z"
 
 
 def _check_tokens(tokens: Any, name: str) -> Tensor:
-    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+    if (
+        not isinstance(tokens, Tensor)
+        or tokens.ndim != 2
+        or tokens.dtype.is_floating_point
+        or tokens.dtype == torch.bool
+    ):
         raise InputError(f"{name} must be an integer tensor [batch, pos] of token ids, got {type(tokens).__name__}")
     if tokens.shape[1] < 2:
         raise InputError(f"{name} needs at least 2 positions, got {tokens.shape[1]}")
@@ -62,8 +67,7 @@ def head_out(
 
     Examples
     --------
-    >>> import sys; sys.path.insert(0, "tests")
-    >>> from conftest import tiny_llama_bridge
+    >>> from tl_geometry.testing import tiny_llama_bridge
     >>> model = tiny_llama_bridge()
     >>> clean, corrupt = torch.randint(3, 259, (2, 8)), torch.randint(3, 259, (2, 8))
     >>> effects = head_out(model, clean, corrupt, lambda logits: logits[:, -1, 5].mean())
@@ -125,8 +129,7 @@ def mean_ablation(model: Any, tokens: Int[Tensor, "batch pos"]) -> pd.DataFrame:
 
     Examples
     --------
-    >>> import sys; sys.path.insert(0, "tests")
-    >>> from conftest import tiny_llama_bridge
+    >>> from tl_geometry.testing import tiny_llama_bridge
     >>> table = mean_ablation(tiny_llama_bridge(), torch.randint(3, 259, (2, 8)))
     >>> list(table.columns)
     ['layer', 'head', 'loss_clean', 'loss_ablated', 'delta_loss', 'rel_delta']

@@ -125,7 +125,7 @@ def _check_ns(value: Any) -> str | tuple[int, ...]:
     return tuple(sorted(set(sizes)))
 
 
-def _check_query_positions(value: Any) -> str | range | tuple[int, ...]:
+def _check_query_positions(value: Any) -> str | range | slice | tuple[int, ...]:
     if isinstance(value, str):
         if value not in AnalysisSettings.QUERY_WORDS:
             words = " or ".join(repr(w) for w in AnalysisSettings.QUERY_WORDS)

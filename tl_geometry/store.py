@@ -20,6 +20,7 @@ refused with one line naming the file.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict
@@ -177,7 +178,7 @@ class RunStore:
         new_files = {}
         for key, state in states.items():
             file = f"{key}-{n_done:06d}.pt"
-            write_atomic(self.states_dir / file, lambda p, s=state: torch.save(s, p))
+            write_atomic(self.states_dir / file, functools.partial(torch.save, state))
             new_files[key] = file
         self.progress["done"].extend(int(i) for i in seq_ids)
         self.progress["parts"].append(name)

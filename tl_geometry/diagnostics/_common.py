@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -50,6 +50,9 @@ def as_state(obj: Any) -> Any:
     return obj
 
 
+_Sums = TypeVar("_Sums", bound="KeyedSums")
+
+
 class KeyedSums:
     """Base of the per-layer accumulators that keep named float64 sums over sequences.
 
@@ -69,6 +72,12 @@ class KeyedSums:
 
     def _init(self, n_keys: int, n_kv: int) -> None:
         raise NotImplementedError
+
+    def geometry(self) -> tuple[int, int]:
+        """``(n_keys, n_kv_heads)`` of the sequences added; an error before the first one."""
+        if self.n_keys is None or self.n_kv_heads is None:
+            raise InputError(f"the {self.name} accumulator holds no sequence yet")
+        return self.n_keys, self.n_kv_heads
 
     def _start(self, values: Tensor, min_keys: int, needs: str) -> bool:
         """Check a batch ``values`` ``[batch, key, kv_head, d_head]`` and size the sums for it.
@@ -92,13 +101,13 @@ class KeyedSums:
     def _check_settings(self, other: "KeyedSums") -> None:
         """Raise if ``other`` was built with other settings (none by default)."""
 
-    def merge(self, other: "KeyedSums") -> "KeyedSums":
+    def merge(self: _Sums, other: "KeyedSums") -> _Sums:
         """Add ``other``'s sequences to this accumulator (in place; returns ``self``)."""
         self._check_settings(other)
         if other.n_seqs == 0:
             return self
         if self.n_seqs == 0:
-            self._init(other.n_keys, other.n_kv_heads)
+            self._init(*other.geometry())
         geometry = (self.n_keys, self.n_kv_heads), (other.n_keys, other.n_kv_heads)
         check_same(self.name, *geometry, "(n_keys, n_kv_heads)")
         self._add(other.sums, other.n_seqs)
@@ -119,7 +128,7 @@ class KeyedSums:
             }
         )
 
-    def _load_state(self, state: dict) -> "KeyedSums":
+    def _load_state(self: _Sums, state: dict) -> _Sums:
         self.n_seqs = int(state["n_seqs"])
         self.n_keys = state["n_keys"]
         self.n_kv_heads = state["n_kv_heads"]

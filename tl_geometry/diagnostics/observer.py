@@ -101,14 +101,16 @@ class DiagnosticsObserver:
     --------
     >>> import torch, tl_geometry as tlg
     >>> from tl_geometry.capture import run_streaming
-    >>> model = tlg.load_model("smollm2-135m")
+    >>> from tl_geometry.testing import tiny_llama_bridge
+    >>> model = tiny_llama_bridge()                    # a real one: tlg.load_model("smollm2-135m")
     >>> info = tlg.describe_model(model)
-    >>> tokens = ...                                   # [n_seqs, L] token windows
-    >>> obs = tlg.DiagnosticsObserver(info, k_max=64)
+    >>> tokens = torch.randint(3, 259, (8, 64))        # [n_seqs, L] token windows
+    >>> obs = tlg.DiagnosticsObserver(info, k_max=16)
     >>> for ids in torch.arange(len(tokens)).split(4):
     ...     run_streaming(model, info, tokens[ids], ids, range(info.n_layers), (tokens.shape[1] - 1,), [obs])
     >>> tables = obs.tables()
-    >>> tables.value_norms.groupby("layer").sink_ratio.mean()
+    >>> tables.value_norms.groupby("layer").n_seqs.first().tolist()   # every window, in both layers
+    [8, 8]
     """
 
     def __init__(
@@ -194,7 +196,8 @@ class DiagnosticsObserver:
         for layer in layers:
             st = self.layers[layer]
             nr = st.norms.result()
-            sr = st.similarity.result(k_fit=None if k_fit is None else min(k_fit, st.similarity.k_max))
+            k_max = st.similarity.k_max
+            sr = st.similarity.result(k_fit=None if k_fit is None or k_max is None else min(k_fit, k_max))
             norms.append(_with_layer(nr.summary, layer))
             norm_curves.append(_with_layer(nr.by_position, layer))
             sims.append(_with_layer(sr.summary, layer))

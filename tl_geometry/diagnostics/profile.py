@@ -208,9 +208,12 @@ def fit_attention_profile(
     Examples
     --------
     >>> import torch, tl_geometry as tlg
-    >>> w = torch.softmax(torch.randn(8, 9, 512), dim=-1)      # 8 sequences, 9 heads
+    >>> _ = torch.manual_seed(0)
+    >>> w = torch.softmax(torch.randn(8, 9, 512), dim=-1)      # 8 sequences, 9 heads, no structure
     >>> fit = tlg.fit_attention_profile(w)
-    >>> fit.summary[["head", "p_sink", "p_base", "T1", "T2", "fit_error", "fit_ok"]]
+    >>> fit.summary[["T1", "T2", "fit_ok"]].drop_duplicates()  # one plateau over every key, in every head
+        T1   T2  fit_ok
+    0  511  511    True
     """
     if floor <= 0:
         raise InputError(f"floor must be positive (it replaces zeros before the log), got {floor}")

@@ -87,7 +87,7 @@ class SimilarityAccumulator(KeyedSums):
         b = values.shape[0]
         u = unit(values.to(ACC_DTYPE))  # [b, L, g, d]
         rest = einops.rearrange(u[:, 1:], "b l g d -> (b g) l d").contiguous()
-        sums, sums_sq, neg = lag_cosine_sums(rest, self.k_max)
+        sums, sums_sq, neg = lag_cosine_sums(rest, self.lags())
         per_head = lambda x: einops.reduce(x, "(b g) k -> g k", "sum", b=b)  # noqa: E731
         sink_cos = einops.einsum(u[:, :1], u[:, 1:], "b one g d, b l g d -> b l g")
         add = {
@@ -100,13 +100,20 @@ class SimilarityAccumulator(KeyedSums):
         return self
 
     def _check_settings(self, other: "KeyedSums") -> None:
-        check_same("similarity", self.k_max_requested, other.k_max_requested, "k_max")
+        check_same("similarity", self.k_max_requested, getattr(other, "k_max_requested", None), "k_max")
+
+    def lags(self) -> int:
+        """``k_max`` in use, fixed by the first sequence added (the requested one, at most ``L - 2``)."""
+        if self.k_max is None:
+            raise InputError("the similarity accumulator holds no sequence yet")
+        return self.k_max
 
     def curve_tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """``(ks, c, c_std, n_neg, n_pairs)``: ``ks`` ``[k_max]``, the rest ``[kv_head, k_max]``
         except ``n_pairs`` ``[k_max]`` (pairs per head)."""
-        ks = torch.arange(1, self.k_max + 1, dtype=torch.int64)
-        n_pairs = (self.n_seqs * (self.n_keys - 1 - ks)).to(ACC_DTYPE)
+        n_keys, _ = self.geometry()
+        ks = torch.arange(1, self.lags() + 1, dtype=torch.int64)
+        n_pairs = (self.n_seqs * (n_keys - 1 - ks)).to(ACC_DTYPE)
         c = self.sums["lag"] / n_pairs
         c_std = (self.sums["lag_sq"] / n_pairs - c.square()).clamp_min(0).sqrt()
         return ks, c, c_std, self.sums["lag_neg"], n_pairs
@@ -118,19 +125,21 @@ class SimilarityAccumulator(KeyedSums):
         """
         if self.n_seqs == 0:
             return SimilarityDecay(empty_frame(SIMILARITY_COLUMNS), empty_frame(SIMILARITY_CURVE_COLUMNS))
-        k_fit = self.k_max if k_fit is None else int(k_fit)
-        if not 1 <= k_fit <= self.k_max:
-            raise InputError(f"k_fit={k_fit} is outside the accumulated lags 1..{self.k_max}")
+        n_keys, _ = self.geometry()
+        k_max = self.lags()
+        k_fit = k_max if k_fit is None else int(k_fit)
+        if not 1 <= k_fit <= k_max:
+            raise InputError(f"k_fit={k_fit} is outside the accumulated lags 1..{k_max}")
         ks, c, c_std, n_neg, n_pairs = self.curve_tensors()
         ks, c, c_std, n_neg, n_pairs = ks[:k_fit], c[:, :k_fit], c_std[:, :k_fit], n_neg[:, :k_fit], n_pairs[:k_fit]
         beta, mae = fit_exponential_decay(c, ks)
         g = c.shape[0]
-        n_sink = self.n_seqs * (self.n_keys - 1)
+        n_sink = self.n_seqs * (n_keys - 1)
         summary = pd.DataFrame(
             {
                 "kv_head": np.arange(g, dtype=np.int64),
                 "n_seqs": np.full(g, self.n_seqs, dtype=np.int64),
-                "n_keys": np.full(g, self.n_keys, dtype=np.int64),
+                "n_keys": np.full(g, n_keys, dtype=np.int64),
                 "k_max": np.full(g, k_fit, dtype=np.int64),
                 "beta": beta.numpy(),
                 "mae": mae.numpy(),
@@ -165,11 +174,12 @@ class SimilarityAccumulator(KeyedSums):
         if self.n_keys is None:
             self.n_keys, self.n_kv_heads = n_keys, n_kv
             req = self.k_max_requested
-            self.k_max = n_keys - 2 if req is None else min(req, n_keys - 2)
+            k_max = n_keys - 2 if req is None else min(req, n_keys - 2)
+            self.k_max = k_max
             self.sums = {
-                "lag": torch.zeros(n_kv, self.k_max, dtype=ACC_DTYPE),
-                "lag_sq": torch.zeros(n_kv, self.k_max, dtype=ACC_DTYPE),
-                "lag_neg": torch.zeros(n_kv, self.k_max, dtype=ACC_DTYPE),
+                "lag": torch.zeros(n_kv, k_max, dtype=ACC_DTYPE),
+                "lag_sq": torch.zeros(n_kv, k_max, dtype=ACC_DTYPE),
+                "lag_neg": torch.zeros(n_kv, k_max, dtype=ACC_DTYPE),
                 "sink": torch.zeros(n_kv, dtype=ACC_DTYPE),
             }
         else:
@@ -216,9 +226,17 @@ def similarity_decay(
     Examples
     --------
     >>> import torch, tl_geometry as tlg
+    >>> _ = torch.manual_seed(0)
     >>> v = torch.randn(2, 256, 1, 512)            # independent directions: c(k) ~ 0
     >>> res = tlg.similarity_decay(v, k_max=32)
-    >>> res.summary[["beta", "mae", "share_negative", "rho_0"]]   # beta large, share ~ 0.5
-    >>> res.curve.head()
+    >>> res.summary[["mae", "share_negative"]].round(2)   # half the cosines negative
+       mae  share_negative
+    0  0.0             0.5
+    >>> bool(abs(res.summary["rho_0"].iloc[0]) < 0.01)   # the sink is as unrelated as the rest
+    True
+    >>> bool(res.summary["beta"].iloc[0] > 10)    # exp(-beta k) ~ 0 from the first lag
+    True
+    >>> list(res.curve.columns)
+    ['kv_head', 'k', 'c', 'c_std', 'share_negative', 'n_pairs', 'fit']
     """
     return SimilarityAccumulator(k_max).update(values).result()

@@ -257,8 +257,7 @@ def top_n_attention(
 
     Examples
     --------
-    >>> import sys; sys.path.insert(0, "tests")
-    >>> from conftest import tiny_llama_bridge
+    >>> from tl_geometry.testing import tiny_llama_bridge
     >>> model = tiny_llama_bridge()
     >>> tokens = torch.randint(3, 259, (1, 12))
     >>> with top_n_attention(model, n=2, rank_by="attention"):

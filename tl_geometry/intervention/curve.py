@@ -13,8 +13,7 @@ from there: a resumed curve equals an uninterrupted one.
 
 Examples
 --------
->>> import sys; sys.path.insert(0, "tests")
->>> from conftest import tiny_llama_bridge
+>>> from tl_geometry.testing import tiny_llama_bridge
 >>> from tl_geometry.corpus import from_tokens
 >>> corpus = from_tokens(torch.randint(3, 259, (2, 16)))
 >>> curve = sparsification_curve(tiny_llama_bridge(), corpus, ns=[1, 4, 16], rank_by="attention",

@@ -6,8 +6,7 @@ loss with only ``u``'s attention rows restricted to their top-``N`` keys and eve
 
 Examples
 --------
->>> import sys; sys.path.insert(0, "tests")
->>> from conftest import tiny_llama_bridge
+>>> from tl_geometry.testing import tiny_llama_bridge
 >>> from tl_geometry.corpus import from_tokens
 >>> local = localized_loss(tiny_llama_bridge(), from_tokens(torch.randint(3, 259, (2, 16))), n=2,
 ...                        unit="layer", progress=False)

@@ -23,6 +23,9 @@ function                          needs                                        p
 :func:`head_heatmap`              any per-head table                           —
 :func:`regime_clusters`           ``tlg.regime_clusters(result)``              —
 :func:`effect_by_regime`          ``tlg.join_heads(effects, heads)``           —
+:func:`loss_curve`                ``tlg.sparsification_curve``                 follow-up (b)
+:func:`geometry_vs_loss`          ``analyze`` + ``sparsification_curve``       follow-up (c)
+:func:`localized_loss_map`        ``tlg.localized_loss``                       follow-up (d)
 ================================  ==========================================  =============
 
 A figure whose table is missing raises :class:`tl_geometry.InputError` saying which option of
@@ -41,6 +44,7 @@ from .regime_tests import REGIME_SYMBOLS, effect_by_regime, regime_clusters
 from .selection import envelopes, separability
 from .similarity import mae_histogram, similarity_curves
 from .sink import sink_correlation
+from .sparsification import geometry_vs_loss, localized_loss_map, loss_curve
 
 #: In the paper's figure order (a report lists the figures in this order), then helpers and constants.
 __all__ = [
@@ -62,6 +66,9 @@ __all__ = [
     "head_heatmap",
     "regime_clusters",
     "effect_by_regime",
+    "loss_curve",
+    "geometry_vs_loss",
+    "localized_loss_map",
     "contribution_points",
     "example_heads",
     "head_values",

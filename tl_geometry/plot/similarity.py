@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.colors import qualitative
 
 from ..errors import InputError
 from ._common import DIAGNOSTICS, as_array, base_layout, get_table

@@ -155,6 +155,7 @@ def _sections(
         "envelopes": envelope_summary(result),
         "diagnostics": diagnostics_summary(result),
         "taxonomy": taxonomy_summary(heads, why_no_heads),
+        "sparsification": None,  # its own page: tl_geometry.report.sparsification (tl-geometry sparsify)
         "other": None,
     }
     by_section: dict[str, list[ReportFigure]] = {key: [] for key in SECTIONS}

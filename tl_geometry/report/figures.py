@@ -27,6 +27,7 @@ SECTIONS = {
     "envelopes": "Envelopes",
     "diagnostics": "Assumption diagnostics",
     "taxonomy": "Head taxonomy",
+    "sparsification": "Sparsification (top-N intervention)",
     "other": "More figures",
 }
 
@@ -281,7 +282,7 @@ def regime_test_figures(result: Any, heads: Any, effects: Any = None) -> list[Re
     effect_source = "tl_geometry.plot.effect_by_regime"
     if effects is None or heads is None:
         note = ("not available: pass effects= (tlg.patching.head_out(...), tlg.patching.mean_ablation(model, tokens) "
-                "or the localised loss) and a heads table")  # fmt: skip
+                "or the localised loss) and a heads table, or run `tl-geometry run --mean-ablation`")  # fmt: skip
         out.append(ReportFigure(effect_title, "", None, "taxonomy", note=note, source=effect_source))
         return out
     try:

@@ -50,7 +50,7 @@ def _fmt(value: Any) -> str:
 def header_rows(result: Any, run_info: dict | None) -> list[tuple[str, list[tuple[str, str]]]]:
     """The header as groups of ``(label, value)`` rows: model, corpus, parameters, timings, versions."""
     m = result.model
-    info = asdict(m) if is_dataclass(m) else dict(getattr(m, "__dict__", {}))
+    info = asdict(m) if is_dataclass(m) and not isinstance(m, type) else dict(getattr(m, "__dict__", {}))
     model_rows = [
         ("name", _fmt(info.get("name"))),
         ("kind", _fmt(info.get("kind"))),

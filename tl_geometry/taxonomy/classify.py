@@ -75,7 +75,6 @@ import pandas as pd
 from ..errors import InputError
 from ..tables import select_query_pos
 
-
 #: Why a features table must be cut to one query position before averaging over N.
 _ONE_K_HINT = " (curves over N of rows with different K are not averaged together)"
 
@@ -159,8 +158,6 @@ class RegimeThresholds:
             raise InputError(f"unknown thresholds {unknown}; known: {sorted(known)}")
         return cls(**overrides)
 
-
-SUMMARY_PARAMS = ("n_small", "large_frac", "stay_share")
 
 HEAD_FEATURE_COLUMNS = [
     "layer", "head", "kv_head", "query_pos", "n_keys", "n_seqs",

@@ -1,7 +1,7 @@
 """What the regimes do: per-head effects joined with the regimes and the separability (definitions §5).
 
 * :func:`join_heads` — any per-head frame (``layer, head, ...``: activation patching, mean-ablation,
-  the localised loss of the intervention) or ``[n_layers, n_heads]`` tensor, joined with the labels
+  :func:`tl_geometry.localized_loss` with ``unit="head"``) or ``[n_layers, n_heads]`` tensor, joined with the labels
   of both modes and the head's mean precision / recall at one ``N``;
 * :func:`regime_function` — one per-head quantity summarised by regime: mean with a bootstrap
   interval (``scipy.stats.bootstrap``, percentile method) and a Kruskal–Wallis test of whether the
@@ -22,7 +22,7 @@ from ..tables import attention_rows, check_heads, select_query_pos
 from .classify import ALL_LABELS, classify_heads
 
 #: Per-head value columns recognised without ``value=``, in this order.
-KNOWN_VALUES = ("effect", "delta_loss", "localized_loss", "delta_localized_loss", "loss_increase")
+KNOWN_VALUES = ("effect", "delta_loss", "delta_nll_rel")
 JOIN_KEYS = ["layer", "head"]
 
 
@@ -39,6 +39,10 @@ def _per_head(effects: Any, value: str | None) -> tuple[pd.DataFrame, str]:
             "mean_ablation, the localised loss) or a [n_layers, n_heads] tensor"
         )
     frame = effects
+    if "unit" in frame.columns:  # tlg.localized_loss: per-head rows only
+        frame = frame[frame["unit"] == "head"]
+        if frame.empty:
+            raise InputError("the localised-loss table has no per-head rows: run tlg.localized_loss(..., unit='head')")
     if "rank_by" in frame.columns:  # rankings: the attention order is the paper's selection
         frame = frame[frame["rank_by"] == "attention"]
     if value is None:
@@ -92,8 +96,9 @@ def join_heads(
     Parameters
     ----------
     effects : DataFrame with ``layer, head`` (and a value column), or ``[n_layers, n_heads]`` tensor
-        A frame with a ``rank_by`` column keeps its ``"attention"`` rows; several rows per head
-        (e.g. per sequence) are averaged.
+        A frame with a ``unit`` column (:func:`tl_geometry.localized_loss`) keeps its per-head
+        rows, one with a ``rank_by`` column its ``"attention"`` rows; several rows per head (e.g.
+        per sequence) are averaged.
     heads : DataFrame, optional
         :func:`classify_heads` output (default: ``classify_heads(result)``).
     result : AnalysisResult, optional
@@ -170,8 +175,9 @@ def regime_function(
     ----------
     result : AnalysisResult (``taxonomy=True``) or anything :func:`classify_heads` takes; may be
         None when ``heads`` is given.
-    local : per-head frame or ``[n_layers, n_heads]`` tensor: the localised loss of the
-        intervention, :func:`tl_geometry.patching.mean_ablation` (``delta_loss``), patching effects.
+    local : per-head frame or ``[n_layers, n_heads]`` tensor: :func:`tl_geometry.localized_loss`
+        (``unit="head"``, ``delta_nll_rel``), :func:`tl_geometry.patching.mean_ablation`
+        (``delta_loss``), patching effects.
     heads : the labels (default: ``classify_heads(result, mode=mode)``).
     mode : which labels group the heads (``regime_<mode>``).
     value : the value column (see :func:`join_heads`).

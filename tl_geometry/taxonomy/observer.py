@@ -64,12 +64,19 @@ class TaxonomyObserver:
 
     Examples
     --------
-    >>> from tl_geometry.observers import SeparabilityObserver
+    >>> import torch, tl_geometry as tlg
     >>> from tl_geometry.capture import run_streaming
+    >>> from tl_geometry.observers import SeparabilityObserver
+    >>> from tl_geometry.testing import tiny_llama_bridge
+    >>> model = tiny_llama_bridge()                    # a real one: tlg.load_model("smollm2-135m")
+    >>> info = tlg.describe_model(model)
+    >>> tokens = torch.randint(3, 259, (8, 64))        # [n_seqs, L] token windows
     >>> sep, tax = SeparabilityObserver(info, "log"), TaxonomyObserver(info, "log")
-    >>> run_streaming(model, info, tokens, torch.arange(len(tokens)), range(info.n_layers), (511,), [sep, tax])
+    >>> run_streaming(model, info, tokens, torch.arange(len(tokens)), range(info.n_layers), (63,), [sep, tax])
     >>> features = tax.features()                   # one row per (layer, head, query_pos, n)
-    >>> heads = tlg.classify_heads(features)
+    >>> heads = tlg.classify_heads(features)        # one row per (layer, head)
+    >>> len(heads) == info.n_layers * info.n_heads
+    True
     """
 
     def __init__(

@@ -1,0 +1,114 @@
+"""``tl-geometry sparsify`` and the sparsification figures."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import tl_geometry as tlg
+from tl_geometry.cli import main
+from tl_geometry.corpus import from_tokens
+from tl_geometry.intervention.curve import CURVE_COLUMNS, SparsificationCurve
+
+from conftest import tiny_llama_bridge
+
+
+@pytest.fixture()
+def tiny(monkeypatch):
+    model = tiny_llama_bridge()
+    monkeypatch.setattr(tlg, "load_model", lambda name, **kw: model)
+    return model
+
+
+ARGS = ["sparsify", "--n-seqs", "2", "--seq-len", "12", "--ns", "1,4", "--rank-by", "attention,sink_window",
+        "--local", "head", "--local-n", "2", "--no-progress"]  # fmt: skip
+
+
+def test_sparsify_writes_tables_and_report(tmp_path, tiny, capsys) -> None:
+    out = tmp_path / "sp"
+    assert main([*ARGS, "--out", str(out)]) == 0
+    curve = pd.read_csv(out / "curve.csv")
+    grid = curve[curve.stage == "grid"]
+    assert len(grid) == 2 * 2 * 2 and set(grid.rank_by) == {"attention", "sink_window"}
+    n_star = pd.read_csv(out / "n_star.csv")
+    assert len(n_star) == 4 and set(n_star.columns) >= {"rank_by", "renormalize", "n_star", "sizes_tried"}
+    local = pd.read_csv(out / "local.csv")
+    assert len(local) == 2 * 4  # every (layer, head) of the tiny model
+    page = (out / "index.html").read_text()
+    assert "Sparsification" in page and "N*_tau" in page and "http://" not in page.split("<body>")[1][:2000]
+    assert "full NLL" in capsys.readouterr().out
+    saved = json.loads((out / "curve.json").read_text())
+    assert saved["full"]["n_tokens"] == 2 * 11
+    # an existing directory needs --resume or --force; --resume reuses every point
+    assert main([*ARGS, "--out", str(out)]) == 2
+    assert main([*ARGS, "--out", str(out), "--resume"]) == 0
+    pd.testing.assert_frame_equal(pd.read_csv(out / "curve.csv"), curve)
+    assert main([*ARGS, "--out", str(out), "--force"]) == 0
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--tolerance", "-1"], "--tolerance"),
+        (["--tolerance", "nan"], "--tolerance"),
+        (["--ns", "0,2"], "--ns"),
+        (["--rank-by", "value"], "not a ranking"),
+        (["--local-n", "0"], "n must be"),
+        (["--seq-len", "1"], "--seq-len"),
+    ],
+)
+def test_bad_options_one_line_exit_2_nothing_written(tmp_path, monkeypatch, capsys, extra, words) -> None:
+    monkeypatch.setattr(tlg, "load_model", lambda *a, **k: pytest.fail("the model must not be loaded"))
+    out = tmp_path / "sp"
+    assert main([*ARGS, "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tl-geometry: error:") and words in err and "\n" not in err
+    assert not out.exists()
+
+
+def test_resume_without_a_curve(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(tlg, "load_model", lambda *a, **k: pytest.fail("the model must not be loaded"))
+    assert main([*ARGS, "--out", str(tmp_path / "none"), "--resume"]) == 2
+    assert "holds no curve" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def toy_curve():
+    rows = [{"rank_by": r, "renormalize": f, "n": n, "nll": 1 + d, "nll_full": 1.0, "delta_nll_rel": d, "n_tokens": 5, "stage": "grid"}
+            for r, scale in (("attention", 1.0), ("random", 4.0), ("sink_window", 2.0)) for f in (False, True)
+            for n, d in ((1, 0.8 * scale), (4, 0.04 * scale), (16, 0.0))]  # fmt: skip
+    return SparsificationCurve(pd.DataFrame(rows, columns=CURVE_COLUMNS), 1.0, {})
+
+
+def test_loss_curve_figure() -> None:
+    fig = tlg.plot.loss_curve(toy_curve(), tolerance=0.05)
+    names = [t.name for t in fig.data]
+    assert "random (deletion)" in names and "sink_window (renormalised)" in names
+    attention = next(t for t in fig.data if t.name == "attention (deletion)")
+    assert list(attention.x) == [1, 4, 16] and np.allclose(attention.y, [0.8, 0.04, 0.0])
+    assert "N* attention (deletion) = 4" in names and "N* random (deletion) = 16" in names
+    assert next(t for t in fig.data if t.name == "sink_window (deletion)").line.dash == "dash"
+    assert fig.layout.xaxis.type == "log"
+    assert any(shape.y0 == 0.05 for shape in fig.layout.shapes)
+
+
+def test_geometry_vs_loss_figure() -> None:
+    sep = pd.DataFrame([{"rank_by": r, "n": n, "f_at_rmax": 1.0 / n + (0.1 if r == "random" else 0), "f_at_rmin": 0.5}
+                        for r in ("attention", "random", "sink_window") for n in (1, 4, 16)])  # fmt: skip
+    fig = tlg.plot.geometry_vs_loss(sep, toy_curve())
+    attention = next(t for t in fig.data if t.name.startswith("attention"))
+    assert np.allclose(attention.x, [1.0, 0.25, 1 / 16]) and np.allclose(attention.y, [0.8, 0.04, 0.0])
+    assert attention.name == "attention (ρ = 1.00)"
+
+
+def test_localized_loss_map_figure() -> None:
+    local = pd.DataFrame([{"layer": l, "head": h, "delta_nll_rel": 10 * l + h, "n": 8, "rank_by": "attention"} for l in range(3) for h in range(2)])
+    fig = tlg.plot.localized_loss_map(local)
+    assert np.array_equal(np.asarray(fig.data[0].z), np.array([[0, 1], [10, 11], [20, 21]], dtype=float))
+    with pytest.raises(tlg.InputError, match="localized_loss"):
+        tlg.plot.localized_loss_map(pd.DataFrame())

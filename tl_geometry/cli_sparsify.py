@@ -1,0 +1,155 @@
+"""``tl-geometry sparsify``: the top-N intervention's loss curve, N*_tau, localised loss and report.
+
+::
+
+    tl-geometry sparsify --n-seqs 8 --seq-len 512 --out runs/sparsify
+
+writes into ``--out``: ``curve.json`` (every point as it is measured; ``--resume`` continues from
+it), ``curve.csv``, ``n_star.csv`` (``N*_tau`` per ranking and renormalisation, the sizes tried),
+``local.csv`` (localised loss), ``geometry_vs_function.csv`` and ``index.html`` (figures (b), (c),
+(d), self-contained). Same conventions as ``tl-geometry run``: progress bars, ``--resume``,
+``--force`` (only on a directory it wrote), one-line errors and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from .errors import TLGeometryError
+
+CURVE_FILE = "curve.json"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sparsify", help="restrict attention to the top-N keys: loss curve, N*, localised loss, report")
+    p.add_argument("--model", default="smollm2-135m", help="TransformerLens model name (default: the embedded smollm2-135m)")
+    p.add_argument("--corpus", default="python-docs", help="'python-docs' (embedded, default) or a path to a text file")
+    p.add_argument("--dataset", default=None, help="a Hugging Face datasets name (needs the internet), instead of --corpus")
+    p.add_argument("--n-seqs", type=int, default=8, help="number of token windows (default 8)")
+    p.add_argument("--seq-len", type=int, default=512, help="tokens per window, BOS included (default 512)")
+    p.add_argument("--ns", default="pow2", help="sizes N: 'pow2' (1, 2, 4, ..., seq-len; default) or a comma list")
+    p.add_argument("--rank-by", default="attention,contribution,random,sink_window", help="comma list of rankings")
+    p.add_argument("--renormalize", default="both", choices=("both", "deletion", "renormalize"),
+                   help="deletion (kept weights unchanged), renormalize (kept weights / their sum) or both (default)")
+    p.add_argument("--tolerance", type=float, default=0.05, help="tau of N*_tau (default 0.05)")
+    p.add_argument("--no-refine", action="store_true", help="N* over the grid only (no bisection passes)")
+    p.add_argument("--local", default="layer", choices=("layer", "head", "none"), help="localised loss unit (default layer)")
+    p.add_argument("--local-n", type=int, default=8, help="N of the localised loss (default 8)")
+    p.add_argument("--no-geometry", action="store_true", help="skip the separability pass and the geometry-function correlations")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random ranking (default 0)")
+    p.add_argument("--batch-size", type=int, default=4, help="windows per forward pass (default 4)")
+    p.add_argument("--out", default="runs/sparsify", help="output directory (default runs/sparsify)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--resume", action="store_true", help="continue an interrupted curve in --out")
+    group.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+
+
+def _options(args: argparse.Namespace) -> dict:
+    """Every option checked, before the model is loaded."""
+    import math
+
+    from .cli import _parse_ints
+    from .intervention.context import check_n
+    from .intervention.curve import check_tolerance
+    from .rankings import check_rankings
+
+    if args.n_seqs < 1:
+        raise TLGeometryError(f"--n-seqs must be at least 1, got {args.n_seqs}")
+    if args.seq_len < 2:
+        raise TLGeometryError(f"--seq-len must be at least 2 (a target after the first token), got {args.seq_len}")
+    if args.batch_size < 1:
+        raise TLGeometryError(f"--batch-size must be at least 1, got {args.batch_size}")
+    ns = _parse_ints(args.ns, "--ns", ("pow2",))
+    if isinstance(ns, list) and (not ns or min(ns) < 1):
+        raise TLGeometryError(f"--ns sizes must be integers >= 1, got {args.ns!r}")
+    if not math.isfinite(args.tolerance) or args.tolerance < 0:
+        raise TLGeometryError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
+    check_tolerance(args.tolerance)
+    check_n(args.local_n)
+    flags = {"both": (False, True), "deletion": (False,), "renormalize": (True,)}[args.renormalize]
+    rankings = check_rankings([r.strip() for r in args.rank_by.split(",") if r.strip()] or [""])
+    return {"ns": ns, "rank_by": rankings, "renormalize": flags}
+
+
+def _check_out(args: argparse.Namespace) -> Path:
+    from .cli import _check_replaceable, _holds_results, _is_run_dir
+
+    if not args.out.strip():
+        raise TLGeometryError("--out is empty: give the directory to write to, e.g. --out runs/sparsify")
+    out = Path(args.out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise TLGeometryError(f"--out {out} is a file, not a directory")
+    if args.force and _holds_results(out):
+        _check_replaceable(out)
+    elif _holds_results(out) and not args.resume:
+        if _is_run_dir(out):
+            raise TLGeometryError(f"{out} already exists: pass --resume to continue that curve or --force to replace it")
+        raise TLGeometryError(f"{out} already exists and was not written by tl-geometry: choose another --out")
+    if args.resume and not (out / CURVE_FILE).exists():
+        raise TLGeometryError(f"--resume: {out} holds no curve ({CURVE_FILE}); drop --resume")
+    return out
+
+
+def sparsify_command(args: argparse.Namespace) -> int:
+    options = _options(args)
+    out = _check_out(args)
+    from .cli import EXIT_INTERRUPTED, _claim_out, _command_line, _corpus, _resume_command
+
+    corpus = _corpus(args)
+    import tl_geometry as tlg
+
+    from .report.sparsification import write_sparsify_report
+    from .store import StoreError
+
+    print(f"loading {args.model} ...", file=sys.stderr)
+    model = tlg.load_model(args.model)
+    _claim_out(out, args)
+    progress = not args.no_progress
+    try:
+        curve = tlg.sparsification_curve(model, corpus, ns=options["ns"], rank_by=options["rank_by"],
+                                         renormalize=options["renormalize"], seed=args.seed, batch_size=args.batch_size,
+                                         out_dir=out, progress=progress)  # fmt: skip
+        n_star = curve.effective_set_size(args.tolerance, refine=not args.no_refine)
+    except StoreError as exc:
+        raise TLGeometryError(f"{exc}; or start over with --force") from None
+    except KeyboardInterrupt:
+        command = _resume_command(_command_line(args), out).replace("--resume", "--resume")
+        print(f"tl-geometry: interrupted; the points measured are saved in {out}/{CURVE_FILE}; continue with `{command}`",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_INTERRUPTED
+    curve.table.to_csv(out / "curve.csv", index=False)
+    n_star.to_csv(out / "n_star.csv", index=False)
+    local = correlations = result = None
+    if args.local != "none":
+        local = tlg.localized_loss(model, corpus, n=args.local_n, unit=args.local, seed=args.seed,
+                                   batch_size=args.batch_size, progress=progress)  # fmt: skip
+        local.to_csv(out / "local.csv", index=False)
+    if not args.no_geometry:
+        grid = sorted(set(curve.table.n))
+        result = tlg.analyze(model, corpus, ns=grid, rank_by=options["rank_by"], taxonomy=False, seed=args.seed,
+                             batch_size=args.batch_size, progress=progress)  # fmt: skip
+        correlations = tlg.geometry_vs_function(result, curve)
+        if local is not None:
+            correlations = __import__("pandas").concat([correlations, tlg.geometry_vs_function(result, local)], ignore_index=True)
+        correlations.to_csv(out / "geometry_vs_function.csv", index=False)
+    page = write_sparsify_report(out, curve, n_star, local=local, result=result, correlations=correlations,
+                                 tolerance=args.tolerance)  # fmt: skip
+    print(_summary(curve, n_star, out, page))
+    return 0
+
+
+def _summary(curve, n_star, out: Path, page: Path) -> str:
+    lines = [f"full NLL {curve.nll_full:.4f} nats over {int(curve.table.n_tokens.iloc[0])} targets", "N*  (tau, per ranking):"]
+    for row in n_star.itertuples():
+        star = "none" if row.n_star is None or str(row.n_star) == "<NA>" else int(row.n_star)
+        lines.append(f"  {row.rank_by:<13} {'renormalised' if row.renormalize else 'deletion':<12} N* = {star}  (tried {row.sizes_tried})")
+    lines.append(f"report   {page}")
+    lines.append(f"tables   {out}/curve.csv, n_star.csv")
+    return "\n".join(lines)
+
+
+__all__ = ["add_parser", "sparsify_command"]
