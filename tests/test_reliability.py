@@ -144,10 +144,13 @@ def test_analysis_std_columns_are_zero_for_identical_windows(llama_bridge):
         tlg.analyze(llama_bridge, tokens, batch_size=b, diagnostics=True, k_max=4, progress=False) for b in (1, 2, 5)
     ]
     for result in results:
+        checked = 0
         for name, table in result.tables().items():
             # every std over sequences (c_std is over the pairs of one lag: not 0)
             for column in [c for c in table.columns if (c.endswith("_std") or c == "std_norm") and c != "c_std"]:
                 assert (table[column].dropna() == 0.0).all(), (name, column, table[column].abs().max())
+                checked += table[column].notna().sum()
+        assert checked > 100
     betas = [r.similarity["beta"].to_numpy() for r in results]
     for beta in betas[1:]:
         np.testing.assert_array_equal(beta, betas[0])
