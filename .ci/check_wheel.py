@@ -13,16 +13,19 @@ Usage: ``python .ci/check_wheel.py`` from the repository root (any working direc
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 import sys
 import sysconfig
 import tempfile
-import tomllib
 import venv
 import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: What the build reads: the package, its metadata and the files pyproject.toml names.
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "tl_geometry")
 
 CHECK = """
 import importlib.metadata as md
@@ -50,6 +53,17 @@ def run(*cmd: str | Path, cwd: Path | None = None) -> str:
     return done.stdout
 
 
+def copy_sources(dest: Path) -> Path:
+    """Copy what the build reads to ``dest``, so that setuptools' build/ and egg-info stay out of the checkout."""
+    dest.mkdir()
+    for name in SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
+
+
 def check_contents(wheel: Path) -> None:
     """The wheel holds the package, py.typed, the licence and the console script, and no tests."""
     names = zipfile.ZipFile(wheel).namelist()
@@ -59,16 +73,18 @@ def check_contents(wheel: Path) -> None:
         sys.exit(f"{wheel.name} lacks {missing}")
     if not any(n.endswith(".dist-info/licenses/LICENSE") for n in names):
         sys.exit(f"{wheel.name} carries no LICENSE")
-    strays = sorted({n.split("/")[0] for n in names} - {"tl_geometry"} - {n.split("/")[0] for n in names if ".dist-info" in n})
+    tops = {n.split("/")[0] for n in names}
+    strays = sorted(t for t in tops if t != "tl_geometry" and not t.endswith(".dist-info"))
     if strays:
         sys.exit(f"{wheel.name} ships top-level entries besides tl_geometry: {strays}")
 
 
 def main() -> None:
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    version = re.search(r'^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.MULTILINE).group(1)
     with tempfile.TemporaryDirectory(prefix="tlg-wheel-") as tmp_name:
         tmp = Path(tmp_name)
-        run(sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", tmp / "dist", ROOT)
+        src = copy_sources(tmp / "src")
+        run(sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", tmp / "dist", src)
         (wheel,) = (tmp / "dist").glob("tl_geometry-*.whl")
         check_contents(wheel)
 

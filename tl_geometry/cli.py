@@ -125,6 +125,7 @@ def _settings(args: argparse.Namespace):
         raise TLGeometryError(f"--query-stride must be at least 1, got {args.query_stride}")
     if args.query_stride is not None and args.query != "last":
         raise TLGeometryError("give either --query or --query-stride, not both")
+    queries: object
     if args.query_stride is not None:
         queries = slice(args.query_stride - 1, None, args.query_stride)
     else:
@@ -261,10 +262,11 @@ def _run_command(args, settings, device, out: Path, corpus, world: World | None)
         world.barrier()
 
     import tl_geometry as tlg
+
     from .analysis import plan_analysis, run_analysis
-    from .store import StoreError
     from .environment import installed_versions
     from .report import EFFECTS_FILE, build_report
+    from .store import StoreError
     from .vis import head_grid_html
 
     t0 = time.perf_counter()

@@ -8,10 +8,16 @@ has one), taken from the start, so the same corpus and tokenizer always give the
 Every window starts with the model's BOS token when it has one (the window then holds
 ``seq_len - 1`` text tokens). Position 0 is therefore a real attention-sink candidate, as in the
 paper's setting, rather than an arbitrary mid-document token.
+
+Text is tokenised as text: special-token text inside a document (a literal ``<|im_start|>``)
+is split like any other characters, so the only special tokens of a window are the BOS at
+position 0 and the EOS between documents. Files are read with their line endings as written
+(``from_files`` keeps CRLF, as ``from_texts`` keeps it in a string).
 """
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -120,10 +126,26 @@ def _token_stream(texts: Iterable[str], tokenizer: Any, eos_token_id: int | None
             continue
         if stream and eos_token_id is not None:
             stream.append(int(eos_token_id))
-        stream.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+        stream.extend(_encode_as_text(tokenizer, text))
         if needed is not None and len(stream) >= needed:
             break
     return stream
+
+
+def _encode_as_text(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` read as plain text: a literal ``<|im_start|>`` or ``<bos>`` inside it is
+    split like any other characters, never turned into the special token (``split_special_tokens``)."""
+    try:
+        return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    except TypeError:  # a tokenizer without the option: encode, then refuse special tokens found in the text
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        if special.intersection(ids):
+            raise InputError(
+                "the corpus text contains special-token text (e.g. '<|im_start|>') that this tokenizer turns "
+                "into special tokens and cannot read as plain text: remove it from the text or pass token ids"
+            ) from None
+        return ids
 
 
 def python_docs_texts() -> list[str]:
@@ -170,16 +192,53 @@ def from_files(
     files = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
     if not files:
         raise InputError("from_files got no paths")
+    folders = [str(p) for p in files if p.is_dir()]
+    if folders:
+        raise InputError(f"corpus {folders[0]} is a directory, not a text file: pass the text files inside it")
     missing = [str(p) for p in files if not p.is_file()]
     if missing:
         raise InputError(f"these corpus files do not exist: {missing[:5]}")
+    for p in files:
+        _check_text_file(p, encoding)
 
     def read() -> Iterator[str]:
         for p in files:
-            yield p.read_text(encoding=encoding)
+            with open(p, encoding=encoding, newline="") as f:  # CRLF kept, as from_texts keeps it
+                yield f.read()
 
     name = files[0].name if len(files) == 1 else f"{len(files)} files"
     return Corpus(name=name, texts=read, n_seqs=n_seqs, seq_len=seq_len)
+
+
+def _check_text_file(path: Path, encoding: str) -> None:
+    """Raise :class:`InputError` unless ``path`` decodes as ``encoding`` text with no NUL byte.
+
+    Read in 1 MiB chunks before the model is loaded, so a binary or wrongly encoded file is one
+    clear error instead of a traceback in the middle of the run.
+    """
+    try:
+        decoder = codecs.getincrementaldecoder(encoding)()
+    except LookupError:
+        raise InputError(f"unknown text encoding {encoding!r}: use e.g. 'utf-8' or 'latin-1'") from None
+    offset = 0
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                if b"\x00" in chunk:
+                    raise InputError(
+                        f"corpus {path} is not a text file (it holds NUL bytes at byte {offset + chunk.index(0)}): "
+                        "pass a plain text file"
+                    )
+                decoder.decode(chunk)
+                offset += len(chunk)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"corpus {path} is not {encoding} text (byte {offset + exc.start} cannot be decoded): convert it "
+            f"(e.g. iconv -f latin1 -t utf-8), or pass encoding= to from_files"
+        ) from None
+    except OSError as exc:
+        raise InputError(f"cannot read corpus {path}: {exc.strerror or exc}") from None
 
 
 def from_dataset(

@@ -83,7 +83,9 @@ class World:
             size, rank = int(env["WORLD_SIZE"]), int(env.get("RANK", "0"))
             local = int(env.get("LOCAL_RANK", str(rank)))
         except ValueError:
-            raise InputError("WORLD_SIZE, RANK and LOCAL_RANK must be integers: start the processes with torchrun") from None
+            raise InputError(
+                "WORLD_SIZE, RANK and LOCAL_RANK must be integers: start the processes with torchrun"
+            ) from None
         if size < 1 or not 0 <= rank < size:
             raise InputError(f"RANK={rank} is outside WORLD_SIZE={size}: start the processes with torchrun")
         return cls(rank, size, local)
@@ -156,11 +158,11 @@ def run_sharded(plan: Any, progress: Path, world: World, *, show_progress: bool 
     Returns the merged :class:`~tl_geometry.analysis.AnalysisResult` on rank 0 and None on the
     other ranks. Every rank must call it (it gathers).
     """
+    import time
+
     from .analysis import _assemble, _run_batches, _Wiring
     from .store import RunStore
     from .tables import empty_table
-
-    import time
 
     start = time.perf_counter()
     store = RunStore(world.shard_dir(progress), plan.identity(), resume=True)

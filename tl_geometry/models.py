@@ -236,6 +236,8 @@ def describe_model(model: Any) -> ModelInfo:
         )
     n_kv = getattr(cfg, "n_key_value_heads", None) or n_heads
     kv_head_index(n_heads, int(n_kv))  # validates the grouping
+    if int(cfg.d_head) < 1:
+        raise ModelError(f"the model has d_head = {cfg.d_head}: value vectors need at least one dimension (d_head >= 1)")
     tokenizer = getattr(model, "tokenizer", None)
     bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
     return ModelInfo(

@@ -109,6 +109,8 @@ def check_row_inputs(weights: Tensor, values: Tensor) -> None:
     """Raise :class:`InputError` for rows the definitions cannot be applied to."""
     if weights.shape[-1] < 1:
         raise InputError("attention rows must have at least one key (K >= 1), got K = 0")
+    if values.shape[-1] < 1:
+        raise InputError("value vectors must have at least one dimension (d_head >= 1), got d_head = 0")
     if not bool(torch.isfinite(weights).all()):
         raise InputError(
             "attention weights contain NaN or inf: check the model's dtype (fp16 overflow) or "

@@ -32,6 +32,15 @@ def unit(x: Tensor) -> Tensor:
     return x / norm.clamp_min(torch.finfo(x.dtype).tiny)
 
 
+def check_finite(x: Tensor, what: str) -> None:
+    """Raise :class:`InputError` when ``x`` holds NaN or inf (a diagnostic of it would be NaN)."""
+    if not bool(torch.isfinite(x.detach()).all()):
+        raise InputError(
+            f"{what} contain NaN or inf: check the model's dtype (fp16 overflow) or the tensor you passed; "
+            "the diagnostics are undefined for non-finite inputs"
+        )
+
+
 def check_same(name: str, mine: Any, theirs: Any, what: str) -> None:
     """Refuse to merge accumulators built with different geometry or settings."""
     if mine != theirs:
@@ -86,6 +95,7 @@ class KeyedSums:
         positions; returns False when it holds no sequence (nothing to add).
         """
         b, n_keys, n_kv, _ = values.shape
+        check_finite(values, "value vectors")
         if n_keys < min_keys:
             raise InputError(f"{needs}, got {n_keys}")
         if b == 0:

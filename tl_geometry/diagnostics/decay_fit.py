@@ -37,6 +37,11 @@ def fit_exponential_decay(c: Tensor, ks: Tensor) -> tuple[Tensor, Tensor]:
     e.g. summed in another batch order, give the same ``beta`` to ~1e-13). ``beta`` at an end
     of the range means the optimum lies at or beyond it (e.g. ``c(k)`` is flat at 1, or is
     negative everywhere).
+
+    A curve with ``c(1) <= 0`` gets ``beta = inf`` and ``mae = mean_k |c(k)|`` (the limit
+    ``exp(-beta k) -> 0``): no decay from 1 describes a curve that is not positive at the first
+    lag, and the least-squares problem is then ill-posed (its minima depend on rounding, so a
+    finite ``beta`` would change with the batch size). ``inf`` marks it, the same for any batching.
     """
     c = c.to(torch.float64)
     ks = ks.to(torch.float64)
@@ -63,6 +68,9 @@ def fit_exponential_decay(c: Tensor, ks: Tensor) -> tuple[Tensor, Tensor]:
         lo = torch.where(rising, lo, mid)
     beta = 0.5 * (lo + hi)
     mae = (c - torch.exp(-beta[:, None] * ks)).abs().mean(-1)
+    ill_posed = c[:, 0] <= 0
+    beta = torch.where(ill_posed, torch.inf, beta)
+    mae = torch.where(ill_posed, c.abs().mean(-1), mae)
     bad = torch.isnan(c).any(-1)
     beta = torch.where(bad, torch.nan, beta)
     mae = torch.where(bad, torch.nan, mae)

@@ -24,6 +24,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from .._moments import population_std
 from .._typing import typechecked
 from ._common import ACC_DTYPE, KeyedSums, check_same, empty_frame, median_last
 
@@ -68,7 +69,8 @@ class NormAccumulator(KeyedSums):
     name = "norm"
 
     def update(self, values: Tensor) -> "NormAccumulator":
-        """Add the sequences of ``values`` ``[batch, key, kv_head, d_head]``."""
+        """Add the sequences of ``values`` ``[batch, key, kv_head, d_head]`` (detached: no gradient flows)."""
+        values = values.detach()
         if not self._start(values, 2, "norm statistics need at least 2 positions (the sink and one more)"):
             return self
         b = values.shape[0]
@@ -97,7 +99,7 @@ class NormAccumulator(KeyedSums):
         n, s = self.n_seqs, self.sums
         g, n_keys = s["pos"].shape
         m = s["pos"] / n  # [g, L] per-position mean norm
-        std_pos = (s["pos_sq"] / n - m.square()).clamp_min(0).sqrt()
+        std_pos = population_std(m, s["pos_sq"] / n)
         m_rest = m[:, 1:]
         summary = pd.DataFrame(
             {

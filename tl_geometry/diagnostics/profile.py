@@ -68,8 +68,10 @@ class ProfileAccumulator:
         self.total: Tensor | None = None
 
     def update(self, weights: Tensor) -> "ProfileAccumulator":
-        """Add the rows of ``weights`` ``[*batch, head, key]``."""
-        rows = einops.rearrange(weights.to(ACC_DTYPE), "... h k -> (...) h k")
+        """Add the rows of ``weights`` ``[*batch, head, key]`` (detached: no gradient flows)."""
+        if weights.shape[-1] == 0:
+            raise InputError("attention rows must have at least one key (key >= 1), got 0 keys")
+        rows = einops.rearrange(weights.detach().to(ACC_DTYPE), "... h k -> (...) h k")
         if rows.shape[0] == 0:
             return self
         if self.total is None:

@@ -29,6 +29,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from .._moments import population_std
 from .._typing import typechecked
 from ..errors import InputError
 from ._common import ACC_DTYPE, KeyedSums, check_same, empty_frame, unit
@@ -81,7 +82,8 @@ class SimilarityAccumulator(KeyedSums):
         self.k_max: int | None = None
 
     def update(self, values: Tensor) -> "SimilarityAccumulator":
-        """Add the sequences of ``values`` ``[batch, key, kv_head, d_head]``."""
+        """Add the sequences of ``values`` ``[batch, key, kv_head, d_head]`` (detached: no gradient flows)."""
+        values = values.detach()
         if not self._start(values, 3, "similarity decay needs at least 3 positions (the sink and a pair)"):
             return self
         b = values.shape[0]
@@ -115,7 +117,7 @@ class SimilarityAccumulator(KeyedSums):
         ks = torch.arange(1, self.lags() + 1, dtype=torch.int64)
         n_pairs = (self.n_seqs * (n_keys - 1 - ks)).to(ACC_DTYPE)
         c = self.sums["lag"] / n_pairs
-        c_std = (self.sums["lag_sq"] / n_pairs - c.square()).clamp_min(0).sqrt()
+        c_std = population_std(c, self.sums["lag_sq"] / n_pairs)
         return ks, c, c_std, self.sums["lag_neg"], n_pairs
 
     def result(self, k_fit: int | None = None) -> SimilarityDecay:

@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from .._moments import population_std
 from .._typing import ACC_DTYPE
 from ..errors import InputError
 from ..tables import HEAD_KEY_COLUMNS, empty_frame
@@ -85,8 +86,8 @@ def _mean_std(total: Tensor, total_sq: Tensor, count: Tensor | float) -> tuple[T
     count = torch.as_tensor(count, dtype=ACC_DTYPE)
     safe = count.clamp_min(1)
     mean = torch.where(count > 0, total / safe, torch.nan)
-    var = torch.where(count > 0, (total_sq / safe - mean * mean).clamp_min(0), torch.nan)
-    return mean, var.sqrt()
+    std = torch.where(count > 0, population_std(mean, total_sq / safe), torch.nan)
+    return mean, std
 
 
 class FeatureAccumulator:

@@ -159,8 +159,6 @@ class RegimeThresholds:
         return cls(**overrides)
 
 
-SUMMARY_PARAMS = ("n_small", "large_frac", "stay_share")
-
 HEAD_FEATURE_COLUMNS = [
     "layer", "head", "kv_head", "query_pos", "n_keys", "n_seqs",
     "c_sink", "c_sink_std", "c_last", "c_last_std", "c_rest", "c_rest_std", "rho_0", "rho_0_std",
