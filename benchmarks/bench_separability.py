@@ -74,9 +74,9 @@ def analysis_ratio(model, n_seqs: int, seq_len: int, batch_size: int) -> None:
 
 
 def engine_vs_reference(model, seq_len: int) -> None:
-    import tl_geometry as tlg
     from reference import row_separability
 
+    import tl_geometry as tlg
     from tl_geometry.capture import values_per_head
     from tl_geometry.models import hook_pattern_name, hook_v_name
 
@@ -94,7 +94,9 @@ def engine_vs_reference(model, seq_len: int) -> None:
     for h in range(weights.shape[0]):
         for n in range(1, weights.shape[1] + 1):
             ref = row_separability(weights[h], values[h], n)
-            mismatches += ref["precision"] != float(fast.precision[h, n - 1]) or ref["recall"] != float(fast.recall[h, n - 1])
+            mismatches += ref["precision"] != float(fast.precision[h, n - 1]) or ref["recall"] != float(
+                fast.recall[h, n - 1]
+            )
     ref_s = time.perf_counter() - start
     print(
         f"engine vs naive reference, layer {layer}, {weights.shape[0]} real rows of K={weights.shape[1]}, every N: "

@@ -1,4 +1,4 @@
-"""Assumption diagnostics (SPEC §3; paper Figures 2-4) of SmolLM2-135M on the embedded corpus.
+"""Assumption diagnostics (definitions §3; paper Figures 2-4) of SmolLM2-135M on the embedded corpus.
 
 Streams :class:`tl_geometry.diagnostics.DiagnosticsObserver` through
 :func:`tl_geometry.capture.run_streaming` over ``python_docs(n_seqs, seq_len)`` (query = the
@@ -86,7 +86,11 @@ def main() -> None:
     )
 
     print(f"\n=== Assumption 1: value norms, over {len(main.value_norms)} (layer, kv_head) pairs ===")
-    print(describe(main.value_norms, ["sink_ratio", "norm_cv", "sink_ratio_of_mean", "norm_cv_of_mean", "median_norm"]).round(4))
+    print(
+        describe(
+            main.value_norms, ["sink_ratio", "norm_cv", "sink_ratio_of_mean", "norm_cv_of_mean", "median_norm"]
+        ).round(4)
+    )
     vn = main.value_norms
     print(
         f"share of pairs with sink_ratio < 1: {(vn.sink_ratio < 1).mean():.3f}; < 0.5: {(vn.sink_ratio < 0.5).mean():.3f}; "

@@ -44,8 +44,13 @@ def main() -> None:
     n_star_grid = curve.effective_set_size(tolerance=0.05, refine=False)
     grid_ns = sorted(set(curve.table[curve.table.stage == "grid"].n))
     result = tlg.analyze(
-        model, corpus, ns=[n for n in grid_ns if n <= args.seq_len], rank_by=("attention", "contribution", "random", "sink_window"),
-        taxonomy=False, batch_size=args.batch_size, out_dir=out / "analysis",
+        model,
+        corpus,
+        ns=[n for n in grid_ns if n <= args.seq_len],
+        rank_by=("attention", "contribution", "random", "sink_window"),
+        taxonomy=False,
+        batch_size=args.batch_size,
+        out_dir=out / "analysis",
     )
     over_n = tlg.geometry_vs_function(result, curve)
     summary = {
@@ -56,14 +61,18 @@ def main() -> None:
         "n_star_grid": n_star_grid.astype({"n_star": "float"}).to_dict(orient="records"),
         "geometry_vs_function_over_n": over_n.to_dict(orient="records"),
         "f_by_rank_by": result.separability.groupby(["rank_by", "n"])[["precision", "recall", "f_at_rmax", "f_at_rmin"]]
-        .mean().reset_index().to_dict(orient="records"),
+        .mean()
+        .reset_index()
+        .to_dict(orient="records"),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     if not args.no_local:
         local = tlg.localized_loss(model, corpus, n=args.local_n, unit="layer", batch_size=args.batch_size)
         local.to_csv(out / "local_layer.csv", index=False)
         summary["localized_layer"] = local.to_dict(orient="records")
-        summary["geometry_vs_function_across_layers"] = tlg.geometry_vs_function(result, local).to_dict(orient="records")
+        summary["geometry_vs_function_across_layers"] = tlg.geometry_vs_function(result, local).to_dict(
+            orient="records"
+        )
     summary["seconds"] = time.perf_counter() - start
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print(json.dumps(summary, indent=1, default=str))

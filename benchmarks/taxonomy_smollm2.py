@@ -113,14 +113,18 @@ def main() -> None:
         if len(flips):
             margins = ["margin_a", "margin_b"]
             stable = stab.table[~stab.table.changed]
-            print(f"median margin of the changed heads: {flips[margins].median().round(3).to_dict()}; "
-                  f"of the stable ones: {stable[margins].median().round(3).to_dict()}")
+            print(
+                f"median margin of the changed heads: {flips[margins].median().round(3).to_dict()}; "
+                f"of the stable ones: {stable[margins].median().round(3).to_dict()}"
+            )
 
     t0 = time.perf_counter()
     clusters = tlg.regime_clusters(features, k=range(2, 7), seed=0)
     print(f"\n== k-means on the standardised Figure 7 features ({time.perf_counter() - t0:.1f} s) ==")
     print(clusters.silhouette.round(3).to_string(index=False))
-    print(f"best k {clusters.best_k}; has_structure (silhouette >= {tx.STRUCTURE_SILHOUETTE}): {clusters.has_structure}")
+    print(
+        f"best k {clusters.best_k}; has_structure (silhouette >= {tx.STRUCTURE_SILHOUETTE}): {clusters.has_structure}"
+    )
     print(clusters.agreement.round(3).to_string(index=False))
     for mode, table in clusters.contingency.items():
         print(f"\ncontingency, {mode} labels x k=3 clusters:")
@@ -132,8 +136,10 @@ def main() -> None:
         ab_tokens = tlg.corpus_tokens(model, ab_corpus, info)
         t0 = time.perf_counter()
         ablation = tlg.patching.mean_ablation(model, ab_tokens)
-        print(f"\n== mean-ablation of each head: {tuple(ab_tokens.shape)} tokens, "
-              f"{time.perf_counter() - t0:.0f} s; clean loss {ablation.loss_clean.iloc[0]:.4f} nats ==")
+        print(
+            f"\n== mean-ablation of each head: {tuple(ab_tokens.shape)} tokens, "
+            f"{time.perf_counter() - t0:.0f} s; clean loss {ablation.loss_clean.iloc[0]:.4f} nats =="
+        )
         for mode in ("strict", "nearest"):
             for column in ("delta_loss", "rel_delta"):
                 fn = tlg.regime_function(features, ablation[["layer", "head", column]], heads=heads, mode=mode,

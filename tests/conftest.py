@@ -37,7 +37,9 @@ def model_kinds() -> list[str]:
 
 
 def build(kind: str):
-    return {"llama_bridge": tiny_llama_bridge, "gpt2_bridge": tiny_gpt2_bridge, "hooked": tiny_hooked_transformer}[kind]()
+    return {"llama_bridge": tiny_llama_bridge, "gpt2_bridge": tiny_gpt2_bridge, "hooked": tiny_hooked_transformer}[
+        kind
+    ]()
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
-"""Slow, obvious reference implementations of SPEC §2, written from the definitions with loops.
+"""Slow, obvious reference implementations of definitions §2, written from the definitions with loops.
 
 Nothing here is shared with the package: each quantity is computed per row and per N from the
-text of SPEC.md, in float64, with direct distances.
+text of docs/definitions.md, in float64, with direct distances.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def random_scores(n_keys: int, seed: int, row_key: int, draw: int) -> list[float
 
 
 def scores(weights: torch.Tensor, values: torch.Tensor, rank_by: str, random: list[float] | None = None) -> list[float]:
-    """The score of each key under rank_by (SPEC §7); higher is selected first."""
+    """The score of each key under rank_by (definitions §7); higher is selected first."""
     k = len(weights)
     if rank_by == "attention":
         return [float(weights[i]) for i in range(k)]
@@ -48,13 +48,13 @@ def scores(weights: torch.Tensor, values: torch.Tensor, rank_by: str, random: li
 
 
 def top_n(weights, n: int) -> list[int]:
-    """I_N: the n largest scores (weights), ties to the lower key index (SPEC §2)."""
+    """I_N: the n largest scores (weights), ties to the lower key index (definitions §2)."""
     keys = sorted(range(len(weights)), key=lambda i: (-float(weights[i]), i))
     return keys[:n]
 
 
 def distance(y: torch.Tensor, s: torch.Tensor, kind: str) -> float:
-    """Euclidean ||y - s|| or cosine 1 - <y, s> / (||y|| ||s|| + 1e-12) (SPEC §7)."""
+    """Euclidean ||y - s|| or cosine 1 - <y, s> / (||y|| ||s|| + 1e-12) (definitions §7)."""
     if kind == "euclidean":
         return float(torch.linalg.vector_norm(y - s))
     return 1.0 - float(torch.dot(y, s)) / (
@@ -126,7 +126,7 @@ METRICS = [
 
 def row_metrics(weights, values, n, rank_by="attention", kind="euclidean", seed=0, row_key=0, n_random=16) -> dict:
     """The metrics of one row and N; for rank_by="random" the mean over draws 0..n_random-1 of the
-    draws' metrics (SPEC §7), each draw evaluated around its own s(N)."""
+    draws' metrics (definitions §7), each draw evaluated around its own s(N)."""
     if rank_by != "random":
         info = row_separability(weights, values, n, rank_by, kind)
         return {m: info[m] for m in METRICS}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import torch
+from conftest import build, model_kinds
 
 import tl_geometry as tlg
-from conftest import build, model_kinds
 from tl_geometry.capture import values_per_head
 from tl_geometry.models import hook_pattern_name, hook_v_name
 
@@ -110,7 +110,9 @@ def test_interrupted_run_resumes_without_loss(llama_bridge, tmp_path, monkeypatc
     monkeypatch.setattr(analysis, "run_streaming", real)
     assert len(list((tmp_path / "separability").glob("*.parquet"))) == 1
     assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["diagnostics-000002.pt", "taxonomy-000002.pt"]
-    resumed = tlg.analyze(llama_bridge, corpus, batch_size=2, diagnostics=True, k_max=4, out_dir=tmp_path, progress=False)
+    resumed = tlg.analyze(
+        llama_bridge, corpus, batch_size=2, diagnostics=True, k_max=4, out_dir=tmp_path, progress=False
+    )
     pd.testing.assert_frame_equal(resumed.separability, reference)
     for name in ("value_norms", "similarity", "attention_profile", "similarity_curve", "regime_features"):
         pd.testing.assert_frame_equal(getattr(resumed, name), getattr(full, name), rtol=1e-12)

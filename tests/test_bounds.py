@@ -1,7 +1,7 @@
-"""Tests of the envelopes of Theorems 1-2 / Corollary 1 (SPEC §4), the phases of N and the
+"""Tests of the envelopes of Theorems 1-2 / Corollary 1 (definitions §4), the phases of N and the
 observer.
 
-* ``ref_bounds`` is a slow per-row, per-N transcription of SPEC §4 with Python loops over keys
+* ``ref_bounds`` is a slow per-row, per-N transcription of definitions §4 with Python loops over keys
   and pairs; it shares nothing with :mod:`tl_geometry.theory.bounds` (only ``top_n`` from
   ``tests/reference.py``).
 * The Monte Carlo test draws rows that satisfy Assumptions 1-3 and checks the *lower* bounds
@@ -19,9 +19,9 @@ import pandas as pd
 import pytest
 import torch
 from jaxtyping import TypeCheckError
+from reference import top_n
 
 import tl_geometry
-from reference import top_n
 from tl_geometry.capture import LayerBatch
 from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo
@@ -49,7 +49,7 @@ def _tail(margin: float, scale: float, kappa: float, d: int) -> float:
 
 
 def ref_bounds(weights, values, n, kappa=0.5, model=None) -> dict:
-    """SPEC §4 for one row and one N, with loops (float64)."""
+    """definitions §4 for one row and one N, with loops (float64)."""
     w = [float(x) for x in weights.double()]
     vals = values.double()
     k_keys, d = vals.shape

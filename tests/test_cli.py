@@ -9,9 +9,9 @@ import sys
 
 import pandas as pd
 import pytest
+from conftest import tiny_llama_bridge
 
 import tl_geometry as tlg
-from conftest import tiny_llama_bridge
 from tl_geometry import cli
 
 
@@ -80,7 +80,14 @@ def test_run_writes_tables_report_and_resumes(tmp_path, capsys, tiny_cli, monkey
     code, out_text, _ = run(args + ["--resume"], capsys)
     assert code == 0
     assert "report" in out_text and "regimes" in out_text
-    for name in ("index.html", "run.json", "separability.parquet", "heads.parquet", "head_grid.html", "value_norms.parquet"):
+    for name in (
+        "index.html",
+        "run.json",
+        "separability.parquet",
+        "heads.parquet",
+        "head_grid.html",
+        "value_norms.parquet",
+    ):
         assert (out / name).is_file(), name
     table = pd.read_parquet(out / "separability.parquet")
     assert sorted(table.seq.unique()) == [0, 1, 2]

@@ -7,13 +7,11 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import tiny_llama_bridge
 
 import tl_geometry as tlg
 from tl_geometry.cli import main
-from tl_geometry.corpus import from_tokens
 from tl_geometry.intervention.curve import CURVE_COLUMNS, SparsificationCurve
-
-from conftest import tiny_llama_bridge
 
 
 @pytest.fixture()
@@ -107,7 +105,13 @@ def test_geometry_vs_loss_figure() -> None:
 
 
 def test_localized_loss_map_figure() -> None:
-    local = pd.DataFrame([{"layer": l, "head": h, "delta_nll_rel": 10 * l + h, "n": 8, "rank_by": "attention"} for l in range(3) for h in range(2)])
+    local = pd.DataFrame(
+        [
+            {"layer": l, "head": h, "delta_nll_rel": 10 * l + h, "n": 8, "rank_by": "attention"}
+            for l in range(3)
+            for h in range(2)
+        ]
+    )
     fig = tlg.plot.localized_loss_map(local)
     assert np.array_equal(np.asarray(fig.data[0].z), np.array([[0, 1], [10, 11], [20, 21]], dtype=float))
     with pytest.raises(tlg.InputError, match="localized_loss"):

@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
+from conftest import byte_tokenizer
 
 import tl_geometry as tlg
-from conftest import byte_tokenizer
 
 TOK = byte_tokenizer()
 

@@ -1,4 +1,4 @@
-"""Tests of the assumption diagnostics (SPEC §3): recovery of planted parameters, violations,
+"""Tests of the assumption diagnostics (definitions §3): recovery of planted parameters, violations,
 batch-split / merge / resume invariance, shapes, degenerate profiles.
 
 Expected values come from the generators' parameters or from the slow references below, which
@@ -23,7 +23,6 @@ import tl_geometry.diagnostics as D
 from tl_geometry.capture import LayerBatch
 from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -88,7 +87,7 @@ def alternating_values(gen, batch, n_keys, d) -> torch.Tensor:
 
 
 def planted_profile(n_keys, *, p_sink, p_base, eta_osc, omega, eta_exp, t1, t2) -> np.ndarray:
-    """Assumption 3 exactly (SPEC §3), written independently of the package."""
+    """Assumption 3 exactly (definitions §3), written independently of the package."""
     alpha = np.empty(n_keys)
     for i in range(n_keys):
         if i == 0:
@@ -106,7 +105,7 @@ def planted_profile(n_keys, *, p_sink, p_base, eta_osc, omega, eta_exp, t1, t2) 
 
 
 def ref_norm_stats(values: torch.Tensor) -> pd.DataFrame:
-    """Per-sequence SPEC §3 norm statistics with numpy, averaged over sequences."""
+    """Per-sequence definitions §3 norm statistics with numpy, averaged over sequences."""
     v = values.double().numpy()
     rows = []
     for g in range(v.shape[2]):
@@ -259,7 +258,7 @@ def test_profile_recovers_planted_parameters(name):
 
 
 def test_profile_error_matches_reported_parameters():
-    """fit_error is the MAE of log alpha of the law with the *reported* parameters (SPEC §3)."""
+    """fit_error is the MAE of log alpha of the law with the *reported* parameters (definitions §3)."""
     gen = torch.Generator().manual_seed(4)
     weights = torch.softmax(2 * torch.randn(6, 3, 300, generator=gen, dtype=torch.float64), dim=-1)
     weights[..., -40:] *= torch.exp(0.05 * torch.arange(40.0, dtype=torch.float64))

@@ -7,9 +7,9 @@ import warnings
 
 import pytest
 import torch
+from conftest import has_hooked_transformer, tiny_hooked_transformer
 
 import tl_geometry as tlg
-from conftest import has_hooked_transformer, tiny_hooked_transformer
 
 
 def test_not_a_transformerlens_model() -> None:

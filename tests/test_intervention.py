@@ -4,22 +4,19 @@ reference, restored on exit, refusing models that ignore pattern edits, and bad 
 from __future__ import annotations
 
 import copy
-import math
 
 import pytest
 import torch
+from conftest import byte_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from intervention_reference import hf_nll, hf_top_n, restrict_rows_by_sorting
 
 import tl_geometry as tlg
-from tl_geometry.corpus import from_tokens
 from tl_geometry.errors import InputError, ModelError
 from tl_geometry.intervention import restrict_pattern, top_n_keep
 from tl_geometry.intervention.loss import corpus_nll
 from tl_geometry.rankings import top_n_mask
-
-from conftest import byte_tokenizer
-from intervention_reference import hf_nll, hf_top_n, restrict_rows_by_sorting
 
 
 def llama_pair(n_heads=4, n_kv_heads=2, seed=0):

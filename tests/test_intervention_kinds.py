@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import build, model_kinds
+from intervention_reference import restrict_rows_by_sorting
 
 import tl_geometry as tlg
 from tl_geometry.intervention.loss import corpus_nll
 from tl_geometry.models import describe_model
-
-from conftest import build, model_kinds
-from intervention_reference import restrict_rows_by_sorting
 
 
 @pytest.fixture(scope="module", params=model_kinds())

@@ -17,6 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 import torch
+from conftest import tiny_llama_bridge
 
 import tl_geometry as tlg
 import tl_geometry.plot as tlp
@@ -24,8 +25,6 @@ import tl_geometry.taxonomy as tx
 from tl_geometry.capture import run_streaming
 from tl_geometry.errors import InputError
 from tl_geometry.models import hook_pattern_name, hook_v_name
-
-from conftest import tiny_llama_bridge
 
 LABELS = ["Retriever", "Mixer", "Reset", "Unclassified"]
 
@@ -62,7 +61,9 @@ def features(model, result):
     info = result.model
     obs = tx.TaxonomyObserver(info, ns=result.config["ns"])
     queries = tuple(result.config["query_positions"])
-    run_streaming(model, info, result.tokens, torch.arange(len(result.tokens)), list(range(info.n_layers)), queries, [obs])
+    run_streaming(
+        model, info, result.tokens, torch.arange(len(result.tokens)), list(range(info.n_layers)), queries, [obs]
+    )
     return obs.features()
 
 
@@ -73,7 +74,9 @@ def heads(result):
     h = tx.classify_heads(result)
     labels = {(0, 0): "Retriever", (0, 1): "Mixer", (0, 2): "Reset", (0, 3): "Unclassified",
               (1, 0): "Mixer", (1, 1): "Mixer", (1, 2): "Reset", (1, 3): "Retriever"}  # fmt: skip
-    h["regime"] = pd.Categorical([labels[(a, b)] for a, b in zip(h["layer"], h["head"])], categories=list(tx.ALL_LABELS))
+    h["regime"] = pd.Categorical(
+        [labels[(a, b)] for a, b in zip(h["layer"], h["head"])], categories=list(tx.ALL_LABELS)
+    )
     h["margin"] = np.arange(len(h), dtype=float)  # the largest margin of a regime is its last head
     return h
 
@@ -88,8 +91,10 @@ def _names(fig: go.Figure) -> list[str]:
 
 def _same(a, b, tol: float = 1e-12) -> bool:
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    return a.shape == b.shape and bool(np.array_equal(np.isnan(a), np.isnan(b))) and np.allclose(
-        a[~np.isnan(a)], b[~np.isnan(b)], rtol=0, atol=tol
+    return (
+        a.shape == b.shape
+        and bool(np.array_equal(np.isnan(a), np.isnan(b)))
+        and np.allclose(a[~np.isnan(a)], b[~np.isnan(b)], rtol=0, atol=tol)
     )
 
 
@@ -164,7 +169,10 @@ def test_similarity_curves_band_median_and_one_selectable_pair(result) -> None:
     visible = [t.name for t in fig.data[4:] if t.visible]
     assert visible == ["L0 kv0: c(k)", "L0 kv0: fit"]  # only the first pair shows
     menu = fig.layout.updatemenus[0]
-    assert len(menu.buttons) == n_pairs and menu.buttons[2].args[0]["visible"][4:] == [False] * 4 + [True] * 2 + [False] * 2
+    assert (
+        len(menu.buttons) == n_pairs
+        and menu.buttons[2].args[0]["visible"][4:] == [False] * 4 + [True] * 2 + [False] * 2
+    )
 
     one = sc[(sc.layer == 1) & (sc.kv_head == 0)].sort_values("k")
     fig = tlp.similarity_curves(result, pairs=[(0, 1), (1, 0)], selected=(1, 0))
@@ -227,7 +235,9 @@ def test_envelopes_two_panels_with_measured_upper_lower_and_kappa(result) -> Non
     assert fig.layout.xaxis.type == "log" and fig.layout.xaxis2.type == "log"
     sep = result.separability
     by_n = sep.groupby("n")
-    for i, col in enumerate(["precision", "precision_upper", "precision_lower", "recall", "recall_upper", "recall_lower"]):
+    for i, col in enumerate(
+        ["precision", "precision_upper", "precision_lower", "recall", "recall_upper", "recall_lower"]
+    ):
         assert _same(_y(fig.data[i]), by_n[col].mean().to_numpy()), col
     assert fig.data[1].line.dash == "dot" and fig.data[2].line.dash == "dash"  # the paper's styles
     assert fig.data[3].xaxis == "x2"  # recall on the right panel

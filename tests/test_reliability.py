@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import tiny_llama_bridge
 
 import tl_geometry as tlg
-from conftest import tiny_llama_bridge
 from tl_geometry import cli
 from tl_geometry.diagnostics.decay_fit import fit_exponential_decay
 from tl_geometry.testing import byte_tokenizer

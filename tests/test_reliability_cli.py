@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import tiny_llama_bridge
 
 import tl_geometry as tlg
-from conftest import tiny_llama_bridge
 from tl_geometry import cli
 
 MARKER = ".tl-geometry-run"  # the file `tl-geometry run` leaves in its --out directory
@@ -185,7 +185,9 @@ def test_unsupported_dtype_is_refused_before_the_model_runs(llama_bridge, monkey
         tlg.analyze(llama_bridge, corpus, dtype=dtype, progress=False)
 
 
-def test_a_run_that_fails_in_its_first_batch_leaves_nothing_that_blocks_the_fix(tmp_path, capsys, tiny_cli, monkeypatch):
+def test_a_run_that_fails_in_its_first_batch_leaves_nothing_that_blocks_the_fix(
+    tmp_path, capsys, tiny_cli, monkeypatch
+):
     import tl_geometry.analysis as analysis
 
     def broken(*args, **kwargs):

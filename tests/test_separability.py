@@ -1,4 +1,4 @@
-"""The fast separability engine against the slow per-N reference (SPEC §2)."""
+"""The fast separability engine against the slow per-N reference (definitions §2)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 import jaxtyping
 import pytest
 import torch
+from reference import row_precision_recall_at, row_separability
 
 import tl_geometry as tlg
-from reference import row_precision_recall_at, row_separability
 
 FIELDS = ["precision", "recall", "r_min", "r_max", "f_at_rmax", "f_at_rmin"]
 

@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import tiny_llama_bridge
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tl_geometry as tlg
-from conftest import tiny_llama_bridge
 from tl_geometry._files import write_atomic
 from tl_geometry.capture import LayerBatch
 from tl_geometry.models import ModelInfo

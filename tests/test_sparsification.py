@@ -8,6 +8,8 @@ import math
 import pandas as pd
 import pytest
 import torch
+from intervention_reference import hf_nll, hf_top_n
+from test_intervention import llama_pair
 
 import tl_geometry as tlg
 from tl_geometry.corpus import from_tokens
@@ -15,9 +17,6 @@ from tl_geometry.errors import InputError
 from tl_geometry.intervention import curve as curve_module
 from tl_geometry.intervention.curve import CURVE_COLUMNS, SparsificationCurve
 from tl_geometry.intervention.loss import corpus_nll
-
-from intervention_reference import hf_nll, hf_top_n
-from test_intervention import llama_pair
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +164,10 @@ def test_localized_loss_by_layer_and_head(pair, windows) -> None:
     assert (by_layer.delta_nll_rel != 0).all()
 
 
-@pytest.mark.parametrize("kwargs, match", [(dict(unit="block"), "not a unit"), (dict(n=0), "n must be"), (dict(rank_by="x"), "not a ranking")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [(dict(unit="block"), "not a unit"), (dict(n=0), "n must be"), (dict(rank_by="x"), "not a ranking")],
+)
 def test_localized_bad_input(pair, windows, kwargs, match) -> None:
     with pytest.raises(InputError, match=match):
         tlg.localized_loss(pair[1], from_tokens(windows), progress=False, **kwargs)
@@ -190,7 +192,13 @@ def test_geometry_vs_function_over_n_per_ranking() -> None:
 
 
 def test_geometry_vs_function_across_heads() -> None:
-    sep = pd.DataFrame([{"n": 8, "layer": l, "head": h, "f_at_rmax": l * 2 + h, "f_at_rmin": -(l * 2 + h)} for l in range(2) for h in range(2)])
+    sep = pd.DataFrame(
+        [
+            {"n": 8, "layer": l, "head": h, "f_at_rmax": l * 2 + h, "f_at_rmin": -(l * 2 + h)}
+            for l in range(2)
+            for h in range(2)
+        ]
+    )
     local = pd.DataFrame([{"unit": "head", "layer": l, "head": h, "rank_by": "attention", "renormalize": False, "n": 8,
                            "delta_nll_rel": float(l * 2 + h) ** 2} for l in range(2) for h in range(2)])  # fmt: skip
     local["head"] = local["head"].astype("Int64")

@@ -1,4 +1,4 @@
-"""Tests of the sink effect and the head taxonomy (SPEC §5).
+"""Tests of the sink effect and the head taxonomy (definitions §5).
 
 Expected values come from the slow loop references below (written from the SPEC text, per row
 and per N, sharing no code with the package), from hand computations, or from synthetic heads
@@ -33,11 +33,11 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def reference_row(weights: torch.Tensor, values: torch.Tensor, ns: list[int]) -> dict:
-    """SPEC §5 features of one row, with loops: weights [K], values [K, d] (float64)."""
+    """definitions §5 features of one row, with loops: weights [K], values [K, d] (float64)."""
     w, v = weights.double(), values.double()
     k = len(w)
     last = k - 1
-    order = sorted(range(k), key=lambda i: (-float(w[i]), i))  # stable top-N (SPEC §2)
+    order = sorted(range(k), key=lambda i: (-float(w[i]), i))  # stable top-N (definitions §2)
     y = [w[i] * v[i] for i in range(k)]
     rest = torch.zeros_like(v[0])
     for i in range(k):
@@ -140,7 +140,7 @@ def test_observer_means_and_stds_equal_the_loop_reference_with_gqa_and_parts() -
     for q in queries:
         ns = tlg.log_spaced_ns(q + 1)
         for h in range(n_heads):
-            g = h // (n_heads // n_kv)  # SPEC §1 grouping
+            g = h // (n_heads // n_kv)  # definitions §1 grouping
             refs = [reference_row(weights[s, h, q, : q + 1], values[s, : q + 1, g], ns) for s in range(n_seqs)]
             rows = table[(table.query_pos == q) & (table["head"] == h)].sort_values("n")
             assert rows.n.tolist() == ns and (rows.kv_head == g).all() and (rows.n_seqs == n_seqs).all()

@@ -1,7 +1,7 @@
 """tl_geometry: how attention heads select tokens, measured in the geometry of value space.
 
 A TransformerLens plugin implementing "Geometric Analysis of Token Selection in Multi-Head
-Attention" under the definitions of SPEC.md. Start with::
+Attention" under the definitions of docs/definitions.md. Start with::
 
     import tl_geometry as tlg
     model = tlg.load_model("smollm2-135m")
@@ -34,8 +34,9 @@ from .intervention import (
 )
 from .models import DEFAULT_MODEL, ModelInfo, describe_model, kv_head_index, load_model
 from .observers import Observer, RowObserver, SeparabilityObserver
-from .settings import AnalysisSettings
 from .selection import log_spaced_ns
+from .separability import PrecisionRecallAtRadius, Separability, precision_recall_at_radius, separability
+from .settings import AnalysisSettings
 from .taxonomy import (
     ClassificationStability,
     RegimeClusters,
@@ -56,7 +57,6 @@ from .taxonomy import (
     rho0_table,
     sink_effect,
 )
-from .separability import PrecisionRecallAtRadius, Separability, precision_recall_at_radius, separability
 from .theory import (
     Bounds,
     BoundsObserver,

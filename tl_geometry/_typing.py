@@ -1,4 +1,4 @@
-"""Run-time shape checking for the public tensor functions (SPEC §6).
+"""Run-time shape checking for the public tensor functions (definitions §6).
 
 Every public function that takes or returns tensors is wrapped with :func:`typechecked`, which
 checks the jaxtyping annotations (dtype and named dimensions, consistent across arguments) with

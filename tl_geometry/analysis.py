@@ -1,6 +1,6 @@
 """``analyze``: run a model over a corpus and measure separability for every layer and head.
 
-The result is an :class:`AnalysisResult` whose tables are tidy pandas DataFrames (SPEC §6). With
+The result is an :class:`AnalysisResult` whose tables are tidy pandas DataFrames (definitions §6). With
 ``out_dir`` the per-batch results are written to disk as they are produced
 (:class:`~tl_geometry.store.RunStore`) and a later call with the same model, windows and settings
 resumes where an interrupted one stopped.
@@ -71,7 +71,7 @@ class AnalysisResult:
     value_norms, similarity, attention_profile : DataFrame or None
         With ``diagnostics=True``: per (layer, kv_head) ``sink_ratio, norm_cv, median_norm...``;
         per (layer, kv_head) ``beta, mae, share_negative, rho_0...``; per (layer, head)
-        ``p_sink, p_base, eta_osc, omega, eta_exp, T1, T2, fit_error...`` (SPEC §3).
+        ``p_sink, p_base, eta_osc, omega, eta_exp, T1, T2, fit_error...`` (definitions §3).
     value_norm_curve, similarity_curve, attention_profile_curve : DataFrame or None
         The curves behind them: mean norm by position (Fig. 2), ``c(k)`` by lag with its fit
         (Fig. 3), mean attention by position with the fitted profile (Fig. 4).
@@ -111,7 +111,9 @@ class AnalysisResult:
         out["n_rows"] = grouped.size()
         order = {name: i for i, name in enumerate(self.config.get("rank_by") or table["rank_by"].unique())}
         out = out.reset_index()
-        return out.sort_values(["rank_by", "n"], key=lambda c: c.map(order) if c.name == "rank_by" else c).reset_index(drop=True)
+        return out.sort_values(["rank_by", "n"], key=lambda c: c.map(order) if c.name == "rank_by" else c).reset_index(
+            drop=True
+        )
 
     def envelopes(self, by: Sequence[str] = ("n",)) -> pd.DataFrame:
         """Per ``N``: mean precision / recall, the mean envelopes, and the share of rows inside.
@@ -127,7 +129,7 @@ class AnalysisResult:
 
     def sink_effect(self, query_pos: int | None = None) -> pd.DataFrame:
         """Per ``N``: Pearson and Spearman correlation across (layer, head) of the mean recall(N)
-        (over sequences) with ``rho_0``, and ``n_heads`` (SPEC §5, Figure 6).
+        (over sequences) with ``rho_0``, and ``n_heads`` (definitions §5, Figure 6).
 
         ``rho_0`` comes from ``regime_features`` (``taxonomy=True``) or, failing that, from
         ``similarity`` (``diagnostics=True``); see :func:`tl_geometry.taxonomy.sink_effect`.
@@ -148,11 +150,7 @@ class AnalysisResult:
 
     def tables(self) -> dict[str, pd.DataFrame]:
         """Every table this result holds, by attribute name (those not computed are left out)."""
-        return {
-            f.name: getattr(self, f.name)
-            for f in fields(self)
-            if isinstance(getattr(self, f.name), pd.DataFrame)
-        }
+        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), pd.DataFrame)}
 
     def save(self, directory: str | Path) -> Path:
         """Write every table as ``NAME.parquet``, the windows as ``tokens.npy`` and the rest as
@@ -267,18 +265,18 @@ def analyze(
     dtype : torch.float64 or torch.float32, default torch.float64
         Precision of the separability computation.
     diagnostics : bool, default False
-        Also accumulate the assumption diagnostics of SPEC §3 (value norms and the sink,
+        Also accumulate the assumption diagnostics of definitions §3 (value norms and the sink,
         similarity decay, the attention-weight profile of the largest query position) into
         ``result.value_norms``, ``result.similarity``, ``result.attention_profile`` and their
         curves (see :mod:`tl_geometry.diagnostics`).
     taxonomy : bool, default True
-        Also accumulate the SPEC §5 regime features of every head (mean and std over sequences,
+        Also accumulate the definitions §5 regime features of every head (mean and std over sequences,
         per ``N``) into ``result.regime_features``; then ``result.sink_effect()`` and
         ``result.classify_heads()`` (see :mod:`tl_geometry.taxonomy`).
     k_max : int or None, default 64
         Largest lag of the cosine-by-lag curve ``c(k)`` (with ``diagnostics=True``).
     bounds : bool, default False
-        Also compute the envelopes of Theorems 1-2 and Corollary 1 (SPEC §4) for every row and
+        Also compute the envelopes of Theorems 1-2 and Corollary 1 (definitions §4) for every row and
         add their columns (``precision_lower``, ``precision_upper``, ``recall_lower``,
         ``recall_upper``, the four ``f_*`` bounds, ``delta``, ``delta0``, ``scale``) to
         ``result.separability``; compare with :meth:`AnalysisResult.envelopes`.
@@ -478,9 +476,7 @@ class _Wiring:
     @classmethod
     def build(cls, plan: AnalysisPlan) -> "_Wiring":
         s, info = plan.settings, plan.info
-        rows: list[RowObserver] = [
-            SeparabilityObserver(info, s.ns, s.dtype, s.rank_by, s.distance, s.n_random, s.seed)
-        ]
+        rows: list[RowObserver] = [SeparabilityObserver(info, s.ns, s.dtype, s.rank_by, s.distance, s.n_random, s.seed)]
         if s.bounds:
             rows.append(BoundsObserver(info, s.ns, s.kappa, s.dtype, s.rho))
         diag = DiagnosticsObserver(info, k_max=s.k_max) if s.diagnostics else None
@@ -544,7 +540,8 @@ def _assemble(plan: AnalysisPlan, wiring: _Wiring, table: pd.DataFrame, timings:
     order = {name: i for i, name in enumerate(plan.settings.rank_by)}
     table = table.sort_values(
         ["seq", "layer", "head", "query_pos", "rank_by", "n"],
-        key=lambda c: c.map(order) if c.name == "rank_by" else c, kind="stable",
+        key=lambda c: c.map(order) if c.name == "rank_by" else c,
+        kind="stable",
     ).reset_index(drop=True)
     extra = wiring.diagnostics.tables().as_dict() if wiring.diagnostics is not None else {}
     if wiring.taxonomy is not None:

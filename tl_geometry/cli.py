@@ -54,22 +54,45 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="analyse a model over a corpus, write the tables and the HTML report")
-    run.add_argument("--model", default="smollm2-135m", help="TransformerLens model name (default: the embedded smollm2-135m)")
-    run.add_argument("--corpus", default="python-docs", help="'python-docs' (embedded, default) or a path to a text file")
-    run.add_argument("--dataset", default=None, help="a Hugging Face datasets name (needs the internet), instead of --corpus")
+    run.add_argument(
+        "--model", default="smollm2-135m", help="TransformerLens model name (default: the embedded smollm2-135m)"
+    )
+    run.add_argument(
+        "--corpus", default="python-docs", help="'python-docs' (embedded, default) or a path to a text file"
+    )
+    run.add_argument(
+        "--dataset", default=None, help="a Hugging Face datasets name (needs the internet), instead of --corpus"
+    )
     run.add_argument("--n-seqs", type=int, default=8, help="number of token windows (default 8)")
     run.add_argument("--seq-len", type=int, default=512, help="tokens per window, BOS included (default 512)")
-    run.add_argument("--ns", default="log", help="selection sizes N: 'log' (default), 'all', or a comma list like 1,2,4,8")
-    run.add_argument("--query", default="last", help="query positions: 'last' (default), 'all', or a comma list of ints")
-    run.add_argument("--query-stride", type=int, default=None, metavar="K",
-                     help="every K-th query position: K-1, 2K-1, ... (instead of --query)")
-    run.add_argument("--device", default=None,
-                     help="where the model runs and the analysis computes: cpu (default), cuda (cuda:LOCAL_RANK under torchrun), cuda:1, mps")
-    run.add_argument("--dtype", default="float32", choices=sorted(MODEL_DTYPES),
-                     help="the model's weight dtype (default float32)")
-    run.add_argument("--analysis-dtype", default="float64", choices=["float64", "float32"],
-                     help="precision of the analysis: float64 (default); float32 screens separability in float32 "
-                          "and re-decides near ties in float64 (identical counts)")
+    run.add_argument(
+        "--ns", default="log", help="selection sizes N: 'log' (default), 'all', or a comma list like 1,2,4,8"
+    )
+    run.add_argument(
+        "--query", default="last", help="query positions: 'last' (default), 'all', or a comma list of ints"
+    )
+    run.add_argument(
+        "--query-stride",
+        type=int,
+        default=None,
+        metavar="K",
+        help="every K-th query position: K-1, 2K-1, ... (instead of --query)",
+    )
+    run.add_argument(
+        "--device",
+        default=None,
+        help="where the model runs and the analysis computes: cpu (default), cuda (cuda:LOCAL_RANK under torchrun), cuda:1, mps",
+    )
+    run.add_argument(
+        "--dtype", default="float32", choices=sorted(MODEL_DTYPES), help="the model's weight dtype (default float32)"
+    )
+    run.add_argument(
+        "--analysis-dtype",
+        default="float64",
+        choices=["float64", "float32"],
+        help="precision of the analysis: float64 (default); float32 screens separability in float32 "
+        "and re-decides near ties in float64 (identical counts)",
+    )
     run.add_argument("--kappa", type=float, default=0.5, help="the bounds' concentration constant (default 0.5)")
     run.add_argument("--no-bounds", action="store_true", help="skip the theoretical envelopes")
     run.add_argument("--no-diagnostics", action="store_true", help="skip the assumption diagnostics")
@@ -106,7 +129,9 @@ def _parse_ints(text: str, option: str, words: tuple[str, ...]) -> str | list[in
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         choices = ", ".join(repr(w) for w in words)
-        raise TLGeometryError(f"{option} must be {choices} or a comma-separated list of integers, got {text!r}") from None
+        raise TLGeometryError(
+            f"{option} must be {choices} or a comma-separated list of integers, got {text!r}"
+        ) from None
 
 
 def _settings(args: argparse.Namespace):

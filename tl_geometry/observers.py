@@ -68,7 +68,7 @@ class RowMetricsObserver:
     """Base of the observers that compute ``[batch, head, n]`` metrics for every chosen query row.
 
     A subclass sets :attr:`columns` and implements :meth:`metrics` (and :meth:`settings` when it
-    has settings beyond ``ns``); this class maps query heads to their key/value heads (SPEC §1),
+    has settings beyond ``ns``); this class maps query heads to their key/value heads (definitions §1),
     slices each row to its causal keys ``0..q``, and keeps the results as tidy tables until
     :meth:`take`.
 

@@ -1,4 +1,4 @@
-"""Top-N selection of one attention row (SPEC §2, paper eq. 1).
+"""Top-N selection of one attention row (definitions §2, paper eq. 1).
 
 The keys of a row are ordered by attention weight, largest first; ties go to the lower key index
 (a stable sort). ``I_N`` is the first ``N`` keys of that order, so ``I_1 ⊂ I_2 ⊂ … ⊂ I_K`` and

@@ -1,4 +1,4 @@
-"""Precision, Recall and F-score of top-N selection in value space (SPEC §2; paper eq. 2-5).
+"""Precision, Recall and F-score of top-N selection in value space (definitions §2; paper eq. 2-5).
 
 For one attention row with weights ``alpha`` (K keys) and values ``v`` (K x d):
 
@@ -93,7 +93,7 @@ class Separability:
 
 @dataclass(frozen=True)
 class PrecisionRecallAtRadius:
-    """``P(r, N)`` and ``R(r, N)`` of eq. 2-3 at given radii (SPEC §2).
+    """``P(r, N)`` and ``R(r, N)`` of eq. 2-3 at given radii (definitions §2).
 
     ``precision`` and ``recall`` have shape ``[*batch, len(ns), n_radii]``; ``precision`` is NaN
     where the closed ball ``B_r(s(N))`` holds no contribution at all.
@@ -486,7 +486,7 @@ def precision_recall_at_radius(
 
     ``P(r, N) = |{i in I_N: D_i <= r}| / |{all i: D_i <= r}|`` (NaN for an empty ball) and
     ``R(r, N) = |{i in I_N: D_i <= r}| / N`` with ``D_i = ||alpha_i v_i - s(N)||`` computed
-    directly (no Gram expansion), balls closed (SPEC §2).
+    directly (no Gram expansion), balls closed (definitions §2).
 
     Parameters
     ----------

@@ -267,9 +267,7 @@ class AnalysisSettings:
     QUERY_WORDS = ("last", "all")
 
     ns: Any = field(default="log", metadata=setting(_check_ns, _encode_ints))
-    query_positions: Any = field(
-        default="last", metadata=setting(_check_query_positions, _encode_query_positions)
-    )
+    query_positions: Any = field(default="last", metadata=setting(_check_query_positions, _encode_query_positions))
     layers: Any = field(default=None, metadata=setting(_check_layers, _encode_ints))
     batch_size: int = field(default=4, metadata=setting(_positive_int("batch_size"), identity=False))
     dtype: torch.dtype = field(default=torch.float64, metadata=setting(_check_dtype, str))

@@ -1,4 +1,4 @@
-"""Tidy tables from per-head results (SPEC §6): one row per (seq, layer, head, query_pos, n)."""
+"""Tidy tables from per-head results (definitions §6): one row per (seq, layer, head, query_pos, n)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,9 @@ def check_heads(heads: Any, caller: str) -> pd.DataFrame:
     Raises :class:`InputError` naming ``caller`` (a function name) otherwise.
     """
     if not isinstance(heads, pd.DataFrame) or {"layer", "head", "regime"} - set(heads.columns):
-        raise InputError(f"{caller}() needs the table of tl_geometry.taxonomy.classify_heads(...) (layer, head, regime)")
+        raise InputError(
+            f"{caller}() needs the table of tl_geometry.taxonomy.classify_heads(...) (layer, head, regime)"
+        )
     if heads.duplicated(["layer", "head"]).any():
         raise InputError(f"{caller}(): the heads table has several rows per (layer, head); classify one query position")
     return heads

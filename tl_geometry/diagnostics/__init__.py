@@ -1,4 +1,4 @@
-"""Assumption diagnostics (SPEC §3; paper §3.1-3.3, Figures 2-4).
+"""Assumption diagnostics (definitions §3; paper §3.1-3.3, Figures 2-4).
 
 Do a model's values and weights satisfy the three assumptions behind the bounds?
 

@@ -15,7 +15,7 @@ from ..tables import empty_frame as empty_frame  # re-exported for the accumulat
 def median_last(x: Tensor) -> Tensor:
     """The median along the last axis, the mean of the two middle values for an even count.
 
-    ``torch.median`` returns the lower middle value for an even count; SPEC §3's median is the
+    ``torch.median`` returns the lower middle value for an even count; definitions §3's median is the
     usual one.
     """
     n = x.shape[-1]

@@ -1,4 +1,4 @@
-"""Least-squares fit of ``c(k) ~ exp(-beta k)`` (SPEC §3, paper §3.2), vectorised over curves."""
+"""Least-squares fit of ``c(k) ~ exp(-beta k)`` (definitions §3, paper §3.2), vectorised over curves."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def fit_exponential_decay(c: Tensor, ks: Tensor) -> tuple[Tensor, Tensor]:
 
     Notes
     -----
-    The fit is the nonlinear least squares of SPEC §3 in ``c`` itself (not in ``log c``, which
+    The fit is the nonlinear least squares of definitions §3 in ``c`` itself (not in ``log c``, which
     negative cosines would forbid), over ``beta`` in ``[1e-6, 50]``: a log-spaced grid of 241
     values finds the basin, then bisection on the sign of ``d SSE / d beta`` between the grid
     neighbours of the best value (precise to rounding, so curves that differ only by rounding,

@@ -1,4 +1,4 @@
-"""Value-state norms and the sink (SPEC §3, paper §3.1, Assumption 1, Figure 2).
+"""Value-state norms and the sink (definitions §3, paper §3.1, Assumption 1, Figure 2).
 
 For one sequence and one key/value head with values ``v_0 .. v_{L-1}`` (``L`` keys):
 
@@ -6,7 +6,7 @@ For one sequence and one key/value head with values ``v_0 .. v_{L-1}`` (``L`` ke
 * ``norm_cv = std_{i>0} ||v_i|| / mean_{i>0} ||v_i||`` (population std, ``ddof = 0``).
 
 A median cannot be merged across batches, so both statistics are computed **per sequence**
-(exactly as SPEC §3 defines them) and then **averaged over sequences**; the accumulator keeps
+(exactly as definitions §3 defines them) and then **averaged over sequences**; the accumulator keeps
 their sums and the number of sequences. Beside them it keeps, per position, the sum and the sum
 of squares of ``||v_i||`` over sequences, which give the per-position mean norm ``m_i`` (the curve
 of Fig. 2, left) and two curve statistics: ``sink_ratio_of_mean = m_0 / median_{i>0} m_i`` and
@@ -39,7 +39,7 @@ _SUMS = ("sink", "median", "mean", "ratio", "cv", "pos", "pos_sq")
 
 @dataclass(frozen=True)
 class ValueNormStats:
-    """Norm diagnostics of one layer's values (SPEC §3), as tidy DataFrames.
+    """Norm diagnostics of one layer's values (definitions §3), as tidy DataFrames.
 
     Attributes
     ----------
@@ -143,7 +143,7 @@ class NormAccumulator(KeyedSums):
 
 @typechecked
 def value_norm_stats(values: Float[Tensor, "batch key kv_head d_head"]) -> ValueNormStats:
-    """Value-norm diagnostics of Assumption 1 (SPEC §3; paper §3.1, Fig. 2).
+    """Value-norm diagnostics of Assumption 1 (definitions §3; paper §3.1, Fig. 2).
 
     Parameters
     ----------
@@ -167,7 +167,7 @@ def value_norm_stats(values: Float[Tensor, "batch key kv_head d_head"]) -> Value
 
     ``sink_ratio``, ``norm_cv``, ``sink_norm``, ``median_norm`` and ``mean_norm`` in ``summary``
     are the **means over sequences** of these per-sequence numbers. This is this package's
-    reading of SPEC §3 "over the analysed sequences": a median does not merge across batches,
+    reading of definitions §3 "over the analysed sequences": a median does not merge across batches,
     a per-sequence ratio and a sum of ratios do. The curve ``m_i = mean_s n_i`` (Fig. 2, left)
     gives the other reading: ``sink_ratio_of_mean = m_0 / median_{i>0} m_i`` and
     ``norm_cv_of_mean = std_{i>0} m_i / mean_{i>0} m_i``; the second is much smaller than

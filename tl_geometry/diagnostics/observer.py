@@ -1,4 +1,4 @@
-"""``DiagnosticsObserver``: the three assumption diagnostics of SPEC §3, layer by layer, streamed.
+"""``DiagnosticsObserver``: the three assumption diagnostics of definitions §3, layer by layer, streamed.
 
 It plugs into :func:`tl_geometry.capture.run_streaming` like
 :class:`tl_geometry.observers.SeparabilityObserver`. For every layer it keeps only mergeable
@@ -36,7 +36,7 @@ _STATE_VERSION = 1
 
 @dataclass(frozen=True)
 class DiagnosticsTables:
-    """The assumption diagnostics of every observed layer (SPEC §3), as tidy DataFrames.
+    """The assumption diagnostics of every observed layer (definitions §3), as tidy DataFrames.
 
     Attributes
     ----------
@@ -78,7 +78,7 @@ class _LayerState:
 
 
 class DiagnosticsObserver:
-    """Accumulates the assumption diagnostics of SPEC §3 for every layer it observes.
+    """Accumulates the assumption diagnostics of definitions §3 for every layer it observes.
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""The attention-weight profile of Assumption 3 (SPEC §3, paper §3.3, Fig. 4).
+"""The attention-weight profile of Assumption 3 (definitions §3, paper §3.3, Fig. 4).
 
 Per query head, the weights of one query row (keys ``0..q``) are **averaged over sequences**
 (arithmetic mean of ``alpha_i``, kept as a sum and a count, so batches merge exactly) and the
@@ -38,7 +38,7 @@ PROFILE_CURVE_COLUMNS = ["head", "position", "alpha", "fitted"]
 
 @dataclass(frozen=True)
 class AttentionProfileFit:
-    """Fit of Assumption 3 per query head (SPEC §3), as tidy DataFrames.
+    """Fit of Assumption 3 per query head (definitions §3), as tidy DataFrames.
 
     Attributes
     ----------
@@ -163,7 +163,7 @@ def fit_attention_profile(
     max_log_error: float = DEFAULT_MAX_LOG_ERROR,
     n_omega: int = DEFAULT_N_OMEGA,
 ) -> AttentionProfileFit:
-    """Fit the piecewise attention law of Assumption 3 per head (SPEC §3; paper §3.3, Fig. 4).
+    """Fit the piecewise attention law of Assumption 3 per head (definitions §3; paper §3.3, Fig. 4).
 
     Parameters
     ----------
@@ -187,7 +187,7 @@ def fit_attention_profile(
 
     Notes
     -----
-    The law (SPEC §3), for keys ``i = 0..K-1``::
+    The law (definitions §3), for keys ``i = 0..K-1``::
 
         alpha_0 = p_sink
         alpha_i = p_base                                  1 <= i <= T1
@@ -195,7 +195,7 @@ def fit_attention_profile(
         alpha_i = p_base exp(eta_exp (i - T2))            T2 < i <= K - 1
 
     ``p_sink`` is the mean ``alpha_0``. The other parameters minimise the squared error of
-    ``log alpha_i``, ``i >= 1`` (the paper ties ``eta`` across phases; SPEC §3 fits
+    ``log alpha_i``, ``i >= 1`` (the paper ties ``eta`` across phases; definitions §3 fits
     ``eta_osc`` and ``eta_exp`` separately): every ``T2`` is tried exactly, ``T1`` and ``omega``
     by a coarse search refined locally, ``eta_osc`` in ``(-1, 1)`` (a negative value is an
     oscillation in phase opposition). A phase is kept only when it lowers the error by more than

@@ -1,4 +1,4 @@
-"""Fit of the piecewise attention-weight law of Assumption 3 (SPEC §3, paper §3.3, Fig. 4).
+"""Fit of the piecewise attention-weight law of Assumption 3 (definitions §3, paper §3.3, Fig. 4).
 
 Model of a profile ``alpha_0 .. alpha_{K-1}`` (keys of one query row, ``n = K - 1`` content keys):
 

@@ -1,4 +1,4 @@
-"""Cross-token similarity decay and sink similarity (SPEC §3, paper §3.2, Assumption 2, Fig. 3).
+"""Cross-token similarity decay and sink similarity (definitions §3, paper §3.2, Assumption 2, Fig. 3).
 
 For one key/value head, with ``u_i = v_i / ||v_i||``:
 
@@ -46,7 +46,7 @@ SIMILARITY_CURVE_COLUMNS = ["kv_head", "k", "c", "c_std", "share_negative", "n_p
 
 @dataclass(frozen=True)
 class SimilarityDecay:
-    """Similarity diagnostics of one layer's values (SPEC §3), as tidy DataFrames.
+    """Similarity diagnostics of one layer's values (definitions §3), as tidy DataFrames.
 
     Attributes
     ----------
@@ -193,7 +193,7 @@ def similarity_decay(
     values: Float[Tensor, "batch key kv_head d_head"],
     k_max: int | None = DEFAULT_K_MAX,
 ) -> SimilarityDecay:
-    """Cosine-by-lag curve ``c(k)``, its exponential fit and the sink similarity (SPEC §3; Fig. 3).
+    """Cosine-by-lag curve ``c(k)``, its exponential fit and the sink similarity (definitions §3; Fig. 3).
 
     Parameters
     ----------

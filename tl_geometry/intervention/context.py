@@ -101,7 +101,9 @@ class TopNAttention:
         if self.rank_by == "contribution":
             values = self._values.pop(layer, None)
             if values is None:
-                raise ModelError(f"hook_v of layer {layer} did not fire before hook_pattern: contribution ranking needs it")
+                raise ModelError(
+                    f"hook_v of layer {layer} did not fire before hook_pattern: contribution ranking needs it"
+                )
             norms = torch.linalg.vector_norm(values.to(torch.float64), dim=-1)  # [b, pos, kv_head]
             per_head = norms[:, :, self.info.kv_head_of().to(norms.device)[heads]]  # [b, k, h]
             per_row = einops.repeat(per_head, "b k h -> b h q k 1", q=n_queries)

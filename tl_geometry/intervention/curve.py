@@ -38,7 +38,7 @@ import torch
 
 from .._files import write_json_atomic
 from ..analysis import _as_corpus, corpus_tokens
-from ..errors import InputError, ModelError
+from ..errors import InputError
 from ..models import describe_model
 from ..rankings import RANKINGS, check_rankings, check_seed
 from ..store import StoreError, model_fingerprint, tokens_sha256
@@ -80,7 +80,13 @@ def check_ns(ns: Any, seq_len: int) -> list[int]:
 
 def check_renormalize(renormalize: Any) -> tuple[bool, ...]:
     """One flag or several as a tuple without duplicates."""
-    flags = [renormalize] if isinstance(renormalize, bool) else list(renormalize) if isinstance(renormalize, (list, tuple)) else None
+    flags = (
+        [renormalize]
+        if isinstance(renormalize, bool)
+        else list(renormalize)
+        if isinstance(renormalize, (list, tuple))
+        else None
+    )
     if not flags or not all(isinstance(f, bool) for f in flags):
         raise InputError(f"renormalize must be True, False or a list of them, got {renormalize!r}")
     return tuple(dict.fromkeys(flags))
@@ -88,8 +94,15 @@ def check_renormalize(renormalize: Any) -> tuple[bool, ...]:
 
 def check_tolerance(tolerance: Any) -> float:
     """``tau >= 0`` (finite); else one :class:`InputError`."""
-    if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real) or not math.isfinite(tolerance) or tolerance < 0:
-        raise InputError(f"tolerance must be a finite number >= 0 (a relative loss increase, e.g. 0.05), got {tolerance!r}")
+    if (
+        isinstance(tolerance, bool)
+        or not isinstance(tolerance, numbers.Real)
+        or not math.isfinite(tolerance)
+        or tolerance < 0
+    ):
+        raise InputError(
+            f"tolerance must be a finite number >= 0 (a relative loss increase, e.g. 0.05), got {tolerance!r}"
+        )
     return float(tolerance)
 
 
@@ -127,7 +140,9 @@ class SparsificationCurve:
         if not isinstance(refine, bool):
             raise InputError(f"refine must be True or False, got {refine!r}")
         if refine and self._measure is None:
-            raise InputError("refine=True needs the model: load the curve with load_curve(out_dir, model, corpus), or pass refine=False")
+            raise InputError(
+                "refine=True needs the model: load the curve with load_curve(out_dir, model, corpus), or pass refine=False"
+            )
         rows = []
         for (rank_by, renorm), _ in self.table.groupby(["rank_by", "renormalize"], sort=False):
             n_refined = 0
@@ -174,7 +189,9 @@ class _CurveStore:
         if self.path.exists() and resume:
             data = read_curve_json(self.path)
             if data["identity"] != identity:
-                diff = sorted(k for k in set(identity) | set(data["identity"]) if identity.get(k) != data["identity"].get(k))
+                diff = sorted(
+                    k for k in set(identity) | set(data["identity"]) if identity.get(k) != data["identity"].get(k)
+                )
                 raise StoreError(
                     f"{self.path} holds a curve of another run (differs in: {', '.join(diff)}): use another out_dir, "
                     "or resume=False to start over"
@@ -199,7 +216,9 @@ def read_curve_json(path: Path) -> dict:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         assert isinstance(data, dict) and data.get("format") == 1 and {"identity", "full", "rows"} <= set(data)
     except (OSError, ValueError, AssertionError) as exc:
-        raise StoreError(f"{path} is damaged or not a tl_geometry curve ({type(exc).__name__}): delete it, or resume=False") from exc
+        raise StoreError(
+            f"{path} is damaged or not a tl_geometry curve ({type(exc).__name__}): delete it, or resume=False"
+        ) from exc
     return data
 
 
@@ -248,7 +267,9 @@ def sparsification_curve(
         "n_seqs": int(tokens.shape[0]), "seq_len": seq_len, "seed": seed,
     }  # fmt: skip
     store = _CurveStore(None if out_dir is None else Path(out_dir), identity, resume)
-    with top_n_attention(model, n=1, rank_by=rankings[0]):  # refuses a model that ignores pattern edits, before any pass
+    with top_n_attention(
+        model, n=1, rank_by=rankings[0]
+    ):  # refuses a model that ignores pattern edits, before any pass
         pass
     if store.full is None:
         full = corpus_nll(model, tokens, batch_size, progress, desc="full model")
@@ -284,14 +305,20 @@ def sparsification_curve(
     return SparsificationCurve(table=table, nll_full=full.nll, config=config, _measure=measure)
 
 
-def load_curve(out_dir: str | Path, model: Any = None, corpus: Any = None, batch_size: int = 4, progress: bool = True) -> SparsificationCurve:
+def load_curve(
+    out_dir: str | Path, model: Any = None, corpus: Any = None, batch_size: int = 4, progress: bool = True
+) -> SparsificationCurve:
     """A curve saved by ``sparsification_curve(..., out_dir=...)``; with ``model`` and ``corpus`` it can be refined."""
     path = Path(out_dir) / CURVE_FILE
     if not path.is_file():
-        raise InputError(f"{path} does not exist: measure the curve with sparsification_curve(..., out_dir={str(out_dir)!r})")
+        raise InputError(
+            f"{path} does not exist: measure the curve with sparsification_curve(..., out_dir={str(out_dir)!r})"
+        )
     data = read_curve_json(path)
     if data["full"] is None:
-        raise StoreError(f"{path} holds no full-model loss yet: run sparsification_curve again with this out_dir to resume")
+        raise StoreError(
+            f"{path} holds no full-model loss yet: run sparsification_curve again with this out_dir to resume"
+        )
     table = pd.DataFrame(data["rows"], columns=CURVE_COLUMNS)
     full = LossSum(**data["full"])
     measure = None
@@ -308,4 +335,12 @@ def load_curve(out_dir: str | Path, model: Any = None, corpus: Any = None, batch
     return SparsificationCurve(table=table, nll_full=full.nll, config=dict(data["identity"]), _measure=measure)
 
 
-__all__ = ["CURVE_COLUMNS", "SparsificationCurve", "check_ns", "check_tolerance", "load_curve", "pow2_sizes", "sparsification_curve"]
+__all__ = [
+    "CURVE_COLUMNS",
+    "SparsificationCurve",
+    "check_ns",
+    "check_tolerance",
+    "load_curve",
+    "pow2_sizes",
+    "sparsification_curve",
+]

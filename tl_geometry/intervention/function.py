@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
@@ -31,7 +30,9 @@ FUNCTION_COLUMNS = ["comparison", "rank_by", "renormalize", "geometry", "n_point
 def _separability(result: Any) -> pd.DataFrame:
     table = getattr(result, "separability", result)
     if not isinstance(table, pd.DataFrame) or not set(GEOMETRY) <= set(table.columns):
-        raise InputError("geometry_vs_function needs an AnalysisResult (or its separability table) with f_at_rmax and f_at_rmin")
+        raise InputError(
+            "geometry_vs_function needs an AnalysisResult (or its separability table) with f_at_rmax and f_at_rmin"
+        )
     return table
 
 
@@ -66,7 +67,9 @@ def geometry_vs_function(result: Any, curve_or_local: SparsificationCurve | pd.D
             for geometry in GEOMETRY:
                 rho, p = _rho(both[geometry], both["delta_nll_rel"])
                 rows.append(["over_n", rank_by, bool(renorm), geometry, len(both), rho, p])
-    elif isinstance(curve_or_local, pd.DataFrame) and {"layer", "delta_nll_rel", "n", "rank_by"} <= set(curve_or_local.columns):
+    elif isinstance(curve_or_local, pd.DataFrame) and {"layer", "delta_nll_rel", "n", "rank_by"} <= set(
+        curve_or_local.columns
+    ):
         local = curve_or_local
         if local.empty:
             raise InputError("the localised-loss table is empty")
@@ -81,7 +84,17 @@ def geometry_vs_function(result: Any, curve_or_local: SparsificationCurve | pd.D
         both = geo.join(loss.set_index(keys)["delta_nll_rel"], how="inner")
         for geometry in GEOMETRY:
             rho, p = _rho(both[geometry], both["delta_nll_rel"])
-            rows.append([f"across_{'head' if by_head else 'layer'}s", rank_by, bool(local["renormalize"].iloc[0]), geometry, len(both), rho, p])
+            rows.append(
+                [
+                    f"across_{'head' if by_head else 'layer'}s",
+                    rank_by,
+                    bool(local["renormalize"].iloc[0]),
+                    geometry,
+                    len(both),
+                    rho,
+                    p,
+                ]
+            )
     else:
         raise InputError("curve_or_local must be a SparsificationCurve or the table of localized_loss")
     return pd.DataFrame(rows, columns=FUNCTION_COLUMNS)

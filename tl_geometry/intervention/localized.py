@@ -83,10 +83,16 @@ def localized_loss(
     with top_n_attention(model, n=n, rank_by=rank_by):  # refuses a model that ignores pattern edits
         pass
     full = corpus_nll(model, tokens, batch_size, progress=False)
-    units = [(layer, None) for layer in chosen] if unit == "layer" else [(l, h) for l in chosen for h in range(info.n_heads)]
+    units = (
+        [(layer, None) for layer in chosen]
+        if unit == "layer"
+        else [(l, h) for l in chosen for h in range(info.n_heads)]
+    )
     rows = []
     for layer, head in tqdm(units, desc=f"localised loss ({unit})", unit=unit, disable=not progress):
-        with top_n_attention(model, n=n, rank_by=rank_by, renormalize=renormalize, layers=layer, heads=head, seed=seed) as state:
+        with top_n_attention(
+            model, n=n, rank_by=rank_by, renormalize=renormalize, layers=layer, heads=head, seed=seed
+        ) as state:
 
             def set_ids(seq_ids: torch.Tensor) -> None:
                 state.seq_ids = seq_ids

@@ -34,7 +34,12 @@ class LossSum:
 
 def check_windows(tokens: Any) -> Tensor:
     """Token windows ``[n_seqs, L]`` with ``L >= 2`` (at least one target each); else one :class:`InputError`."""
-    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+    if (
+        not isinstance(tokens, Tensor)
+        or tokens.ndim != 2
+        or tokens.dtype.is_floating_point
+        or tokens.dtype == torch.bool
+    ):
         raise InputError("the corpus must give an integer tensor [n_seqs, seq_len] of token ids")
     if tokens.shape[0] < 1:
         raise InputError("the corpus gives no windows: pass at least one")

@@ -37,9 +37,9 @@ from .colors import METRIC_COLORS, REGIME_COLORS, REGIME_ORDER
 from .contributions import contribution_points, contributions_from_model, contributions_scatter
 from .heatmap import head_heatmap, head_values
 from .norms import norm_cv_histogram, norms_by_position
+from .rankings import RANKING_COLORS, separability_by_ranking
 from .regime_curves import example_heads, regime_diagnostics
 from .regime_summaries import regime_pr, regimes_by_layer
-from .rankings import RANKING_COLORS, separability_by_ranking
 from .regime_tests import REGIME_SYMBOLS, effect_by_regime, regime_clusters
 from .selection import envelopes, separability
 from .similarity import mae_histogram, similarity_curves

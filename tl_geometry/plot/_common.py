@@ -23,9 +23,7 @@ TAXONOMY = (
 N_AXIS = "selection size N (keys, log scale)"
 
 
-def get_table(
-    obj: Any, name: str, how: str, figure: str, columns: Iterable[str] = ()
-) -> pd.DataFrame:
+def get_table(obj: Any, name: str, how: str, figure: str, columns: Iterable[str] = ()) -> pd.DataFrame:
     """``obj`` itself when it is a DataFrame, else ``obj.<name>``; checked for ``columns`` and rows.
 
     Raises :class:`InputError` naming the figure, the missing table or columns, and ``how`` to
@@ -58,8 +56,9 @@ def as_array(x: Any) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def base_layout(fig: go.Figure, title: str, x_title: str, y_title: str, *, log_x: bool = False,
-                log_y: bool = False) -> go.Figure:
+def base_layout(
+    fig: go.Figure, title: str, x_title: str, y_title: str, *, log_x: bool = False, log_y: bool = False
+) -> go.Figure:
     """Title, axis titles and axis types of a single-panel figure."""
     fig.update_layout(title=dict(text=title), template="plotly_white", legend=dict(title=None))
     fig.update_xaxes(title_text=x_title, type="log" if log_x else "linear")

@@ -45,14 +45,20 @@ def attention_mass(result: AnalysisResult | pd.DataFrame, layer_head: tuple[int,
     fit_error``) are in ``result.attention_profile``.
     """
     curve = get_table(
-        result, "attention_profile_curve", DIAGNOSTICS, "attention_mass", ["layer", "head", "position", "alpha", "fitted"]
+        result,
+        "attention_profile_curve",
+        DIAGNOSTICS,
+        "attention_mass",
+        ["layer", "head", "position", "alpha", "fitted"],
     )
     bounds: tuple[float, float] | None = None
     if layer_head is not None:
         layer, head = (int(v) for v in layer_head)
         curve = curve[(curve["layer"] == layer) & (curve["head"] == head)]
         if curve.empty:
-            raise InputError(f"attention_mass(): (layer {layer}, head {head}) is not in the attention_profile_curve table")
+            raise InputError(
+                f"attention_mass(): (layer {layer}, head {head}) is not in the attention_profile_curve table"
+            )
         profile = getattr(result, "attention_profile", None)
         if profile is not None and {"T1", "T2"} <= set(profile.columns):
             row = profile[(profile["layer"] == layer) & (profile["head"] == head)]
@@ -75,4 +81,6 @@ def attention_mass(result: AnalysisResult | pd.DataFrame, layer_head: tuple[int,
     q = curve["query_pos"].unique() if "query_pos" in curve.columns else []
     at = f" at query {int(q[0])}" if len(q) == 1 else ""
     title = f"Attention mass by position (Fig. 4): {what}{at}"
-    return base_layout(fig, title, "key position i", "attention weight α_i (mean over sequences, log scale)", log_y=True)
+    return base_layout(
+        fig, title, "key position i", "attention weight α_i (mean over sequences, log scale)", log_y=True
+    )

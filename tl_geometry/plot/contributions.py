@@ -49,7 +49,9 @@ def contribution_points(
         raise InputError("contributions_scatter(): attention weights must be non-negative")
     qs = [k - 1] * rows if query_positions is None else [int(q) for q in query_positions]
     if len(qs) != rows or any(not 0 <= q < k for q in qs):
-        raise InputError(f"contributions_scatter(): query_positions must give one position in 0..{k - 1} per row, got {qs}")
+        raise InputError(
+            f"contributions_scatter(): query_positions must give one position in 0..{k - 1} per row, got {qs}"
+        )
     norms = np.linalg.norm(v, axis=-1)  # [rows, K]
     out: dict[str, list] = {key: [] for key in ("query_pos", "position", "alpha", "contribution", "cos_vL", "kind")}
     for r, q in enumerate(qs):
@@ -158,7 +160,7 @@ def contributions_from_model(
     tokens : int Tensor [n_seqs, L] or [L]
         Token windows, e.g. ``result.tokens`` of an :class:`~tl_geometry.AnalysisResult`.
     layer, head : int
-        The query head; its values are those of its key/value head (SPEC §1).
+        The query head; its values are those of its key/value head (definitions §1).
     seq : int, default 0
         Which window of ``tokens``.
     query_positions : "last", int, list of int or range, default "last"

@@ -18,7 +18,11 @@ _BAND_COLOR = "rgba(31, 119, 180, 0.2)"
 
 
 def norms_by_position(
-    result: AnalysisResult | pd.DataFrame, *, log_x: bool = True, normalize: bool = False, band: tuple[float, float] | None = (0.1, 0.9)
+    result: AnalysisResult | pd.DataFrame,
+    *,
+    log_x: bool = True,
+    normalize: bool = False,
+    band: tuple[float, float] | None = (0.1, 0.9),
 ) -> go.Figure:
     """Mean value norm ``||v_i||`` by key position, with the sink's norm beside it (Fig. 2, left).
 
@@ -113,4 +117,6 @@ def norm_cv_histogram(result: AnalysisResult | pd.DataFrame, *, nbins: int | Non
     fig.add_vline(x=median, line_dash="dash", line_color="black", annotation_text=f"median {median:.3f}")
     title = (f"CV of non-sink value norms (Fig. 2, right): {len(cv)} (layer, kv_head) pairs, "
              f"median {median:.3f}, {share:.0%} above 0.05")  # fmt: skip
-    return base_layout(fig, title, "CV of ||v_i||, i > 0 (std / mean, dimensionless)", "number of (layer, kv_head) pairs")
+    return base_layout(
+        fig, title, "CV of ||v_i||, i > 0 (std / mean, dimensionless)", "number of (layer, kv_head) pairs"
+    )

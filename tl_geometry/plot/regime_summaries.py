@@ -56,7 +56,11 @@ def regimes_by_layer(heads: pd.DataFrame) -> go.Figure:
 
 
 def regime_pr(
-    result: AnalysisResult | pd.DataFrame, heads: pd.DataFrame, *, query_pos: int | None = None, include_unclassified: bool = True
+    result: AnalysisResult | pd.DataFrame,
+    heads: pd.DataFrame,
+    *,
+    query_pos: int | None = None,
+    include_unclassified: bool = True,
 ) -> go.Figure:
     """Mean precision (left) and recall (right) over ``N`` for each regime (Fig. 11).
 
@@ -87,7 +91,9 @@ def regime_pr(
     than in raw precision / recall.
     """
     check_heads(heads, "regime_pr")
-    sep = get_table(result, "separability", "run tlg.analyze(...)", "regime_pr", ["layer", "head", "n", "precision", "recall"])
+    sep = get_table(
+        result, "separability", "run tlg.analyze(...)", "regime_pr", ["layer", "head", "n", "precision", "recall"]
+    )
     curves = regime_pr_curves(sep, heads, query_pos=query_pos)
     curves["regime"] = curves["regime"].astype(str)
     order = [r for r in REGIME_ORDER if include_unclassified or r != "Unclassified"]

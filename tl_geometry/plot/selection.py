@@ -8,8 +8,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..theory.observer import envelopes as envelope_table
 from ..errors import InputError
+from ..theory.observer import envelopes as envelope_table
 from ._common import BOUNDS, N_AXIS, as_array, base_layout, get_table, select_query
 from .colors import LOWER_COLOR, MEASURED_COLOR, METRIC_COLORS, UPPER_COLOR
 
@@ -21,7 +21,10 @@ _METRICS = ("precision", "recall", "f_at_rmax", "f_at_rmin")
 
 
 def separability(
-    result: AnalysisResult | pd.DataFrame, metrics: Sequence[str] = ("precision", "recall"), *, query_pos: int | None = None
+    result: AnalysisResult | pd.DataFrame,
+    metrics: Sequence[str] = ("precision", "recall"),
+    *,
+    query_pos: int | None = None,
 ) -> go.Figure:
     """Mean precision and recall (or any of the F-scores) against ``N``, log x (Fig. 5, measured part).
 
@@ -42,7 +45,7 @@ def separability(
 
     Notes
     -----
-    How to read it: ``precision(N) = P(r_max, N)`` and ``recall(N) = R(r_min, N)`` (SPEC §2).
+    How to read it: ``precision(N) = P(r_max, N)`` and ``recall(N) = R(r_min, N)`` (definitions §2).
     Both are 1 at ``N = 1`` and ``N = K`` by construction; the paper finds the strongest
     non-trivial separability at small ``N`` (1–4) and the weakest at intermediate ``N`` (tens).
     """
@@ -60,7 +63,9 @@ def separability(
     return base_layout(fig, title, N_AXIS, "mean over sequences, layers and heads (share, 0–1)", log_x=True)
 
 
-def envelopes(result: AnalysisResult | pd.DataFrame, *, query_pos: int | None = None, kappa: float | None = None) -> go.Figure:
+def envelopes(
+    result: AnalysisResult | pd.DataFrame, *, query_pos: int | None = None, kappa: float | None = None
+) -> go.Figure:
     """Mean precision (left) and recall (right) over ``N`` with the mean theoretical envelopes (Fig. 5).
 
     Parameters
@@ -119,4 +124,3 @@ def envelopes(result: AnalysisResult | pd.DataFrame, *, query_pos: int | None = 
     fig.update_xaxes(type="log", title_text=N_AXIS)
     fig.update_yaxes(title_text="mean (share, 0–1)", range=[-0.02, 1.02])
     return fig
-

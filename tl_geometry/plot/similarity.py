@@ -83,7 +83,9 @@ def similarity_curves(
     cannot express) or a slow, non-exponential decay are the usual departures. Linear axes
     (cosines can be negative).
     """
-    curve = get_table(result, "similarity_curve", DIAGNOSTICS, "similarity_curves", ["layer", "kv_head", "k", "c", "fit"])
+    curve = get_table(
+        result, "similarity_curve", DIAGNOSTICS, "similarity_curves", ["layer", "kv_head", "k", "c", "fit"]
+    )
     held = sorted({(int(a), int(b)) for a, b in zip(curve["layer"], curve["kv_head"])})
     chosen = held if pairs is None else [(int(a), int(b)) for a, b in pairs]
     unknown = [p for p in chosen if p not in held]

@@ -57,7 +57,9 @@ def sink_correlation(
     if isinstance(obj, pd.DataFrame) and _EFFECT_COLUMNS <= set(obj.columns):
         table = obj
     else:
-        sep = get_table(obj, "separability", "run tlg.analyze(...)", "sink_correlation", ["layer", "head", "n", "recall"])
+        sep = get_table(
+            obj, "separability", "run tlg.analyze(...)", "sink_correlation", ["layer", "head", "n", "recall"]
+        )
         if rho0 is None:  # the same order as AnalysisResult.sink_effect
             if isinstance(getattr(obj, "regime_features", None), pd.DataFrame):
                 rho0 = rho0_table(obj.regime_features)

@@ -74,7 +74,9 @@ def loss_curve(curve: SparsificationCurve, tolerance: float = DEFAULT_TOLERANCE)
     return fig
 
 
-def geometry_vs_loss(result: Any, curve: SparsificationCurve, geometry: str = "f_at_rmax", renormalize: bool = False) -> go.Figure:
+def geometry_vs_loss(
+    result: Any, curve: SparsificationCurve, geometry: str = "f_at_rmax", renormalize: bool = False
+) -> go.Figure:
     """(c) Mean ``geometry`` (F) against ``delta_nll_rel``, one point per ``N``, per ranking, with Spearman's rho."""
     curve = _curve(curve)
     if geometry not in ("f_at_rmax", "f_at_rmin"):
@@ -84,7 +86,11 @@ def geometry_vs_loss(result: Any, curve: SparsificationCurve, geometry: str = "f
     fig = go.Figure()
     table = curve.table[curve.table.renormalize == renormalize]
     for rank_by, points in table.groupby("rank_by", sort=False):
-        rows = sep[sep["rank_by"] == rank_by] if "rank_by" in sep.columns else (sep if rank_by == "attention" else sep.iloc[:0])
+        rows = (
+            sep[sep["rank_by"] == rank_by]
+            if "rank_by" in sep.columns
+            else (sep if rank_by == "attention" else sep.iloc[:0])
+        )
         both = rows.groupby("n")[geometry].mean().to_frame().join(points.groupby("n").delta_nll_rel.mean(), how="inner")
         if both.empty:
             continue
@@ -106,7 +112,11 @@ def localized_loss_map(local: pd.DataFrame) -> go.Figure:
 
     A table by layer (``unit="layer"``) is drawn as one column.
     """
-    if not isinstance(local, pd.DataFrame) or local.empty or not {"layer", "head", "delta_nll_rel"} <= set(local.columns):
+    if (
+        not isinstance(local, pd.DataFrame)
+        or local.empty
+        or not {"layer", "head", "delta_nll_rel"} <= set(local.columns)
+    ):
         raise InputError("localized_loss_map needs the table of tlg.localized_loss(model, corpus, unit='head')")
     by_head = local["head"].notna().all()
     grid = (local.pivot(index="layer", columns="head", values="delta_nll_rel") if by_head

@@ -277,7 +277,9 @@ def regime_test_figures(result: Any, heads: Any, effects: Any = None) -> list[Re
         out.append(ReportFigure(clusters_title, _summary_line(plot.regime_clusters), plot.regime_clusters(clusters),
                                 "taxonomy", source=clusters_source))  # fmt: skip
     except InputError as exc:
-        out.append(ReportFigure(clusters_title, "", None, "taxonomy", note=f"not available: {exc}", source=clusters_source))
+        out.append(
+            ReportFigure(clusters_title, "", None, "taxonomy", note=f"not available: {exc}", source=clusters_source)
+        )
     effect_title = "Do the regimes differ in function? Per-head effect by regime"
     effect_source = "tl_geometry.plot.effect_by_regime"
     if effects is None or heads is None:

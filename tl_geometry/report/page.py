@@ -98,7 +98,7 @@ def figure_html(fig: ReportFigure, index: int, kappa: Any = None) -> str:
     source = f' data-source="{esc(fig.source)}"' if fig.source else ""
     return (
         f'<figure class="tlg-figure" id="{fig_id}-box" data-title="{esc(fig.title)}"{source}>\n'
-        f"<figcaption>{''.join(caption)}</figcaption>\n<div class=\"tlg-plot\">{body}</div>\n</figure>\n"
+        f'<figcaption>{"".join(caption)}</figcaption>\n<div class="tlg-plot">{body}</div>\n</figure>\n'
     )
 
 
@@ -111,7 +111,7 @@ def table_html(title: str, table: pd.DataFrame) -> str:
         float_format=lambda x: f"{x:.4g}",
         escape=True,
     )
-    return f"<h3>{esc(title)}</h3>\n<div class=\"table-wrap\">{body}</div>\n"
+    return f'<h3>{esc(title)}</h3>\n<div class="table-wrap">{body}</div>\n'
 
 
 def meta_html(groups: list[tuple[str, list[tuple[str, str]]]]) -> str:
@@ -170,9 +170,7 @@ def head_grid_section(fragment: str | None, why: str) -> str:
     return "\n".join(out)
 
 
-def page_html(
-    title: str, meta: str, nav: list[tuple[str, str, bool]], sections: list[str], footer: str
-) -> str:
+def page_html(title: str, meta: str, nav: list[tuple[str, str, bool]], sections: list[str], footer: str) -> str:
     nav_items = "".join(
         f'<li><a href="#{key}">{esc(label)}</a></li>'
         if ok
@@ -180,7 +178,7 @@ def page_html(
         for key, label, ok in nav
     )
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         f"<title>{esc(title)}</title>\n<style>{CSS}</style>\n{plotlyjs_tags()}</head>\n<body>\n<main>\n"
         f"<header>\n<h1>{esc(title)}</h1>\n{meta}\n</header>\n<nav><ul>{nav_items}</ul></nav>\n"

@@ -54,8 +54,10 @@ def header_rows(result: Any, run_info: dict | None) -> list[tuple[str, list[tupl
     model_rows = [
         ("name", _fmt(info.get("name"))),
         ("kind", _fmt(info.get("kind"))),
-        ("layers × heads",
-         f"{info.get('n_layers')} × {info.get('n_heads')} ({info.get('n_kv_heads')} key/value heads)"),
+        (
+            "layers × heads",
+            f"{info.get('n_layers')} × {info.get('n_heads')} ({info.get('n_kv_heads')} key/value heads)",
+        ),
         ("d_head", _fmt(info.get("d_head"))),
         ("context", _fmt(info.get("n_ctx"))),
         ("BOS token", _fmt(info.get("bos_token_id"))),
@@ -125,7 +127,7 @@ def envelope_summary(result: Any) -> Summary:
                         "recall", "recall_lower", "recall_upper", "recall_inside") if c in table]  # fmt: skip
     extra = f"κ = {_fmt(kappa)}" + (f", ρ {bounds_cfg['rho']}" if bounds_cfg.get("rho") else "")
     lead = (
-        f"Theorems 1–2 and Corollary 1 (SPEC §4) with κ = {_fmt(kappa)} (the paper's unnamed concentration "
+        f"Theorems 1–2 and Corollary 1 (definitions §4) with κ = {_fmt(kappa)} (the paper's unnamed concentration "
         "constant). Per N: mean measured value, mean lower / upper envelope, and the share of rows "
         "inside their envelope."
     )
@@ -159,7 +161,7 @@ def diagnostics_summary(result: Any) -> Summary:
     if not frames:
         return Summary(False, note="not available: run with diagnostics (tlg.analyze(..., diagnostics=True))")
     lead = (
-        "The paper's three assumptions (SPEC §3): compressed sink value norm (sink_ratio ≪ 1), "
+        "The paper's three assumptions (definitions §3): compressed sink value norm (sink_ratio ≪ 1), "
         "exponential decay of value cosines with lag (beta, mae), and the attention-weight profile "
         "(sink, plateau, oscillation, recency)."
     )
@@ -214,7 +216,9 @@ def taxonomy_summary(heads: pd.DataFrame | None, why: str | None) -> Summary:
     if "regime_nearest" in heads.columns and mode != "nearest":
         nearest_order = [o for o in order if o != "Unclassified"]
         lead += f" Nearest mode (every head takes the regime it misses least): {_totals(heads['regime_nearest'], nearest_order)}."
-        tables.append(("Heads per regime and layer (nearest)", _counts_by_layer(heads, "regime_nearest", nearest_order)))
+        tables.append(
+            ("Heads per regime and layer (nearest)", _counts_by_layer(heads, "regime_nearest", nearest_order))
+        )
     thresholds = heads.attrs.get("thresholds")
     if thresholds:
         tables.append(("Thresholds", pd.DataFrame({"threshold": list(thresholds), "value": list(thresholds.values())})))

@@ -48,14 +48,21 @@ def sparsification_summary(curve: Any, n_star: pd.DataFrame, correlations: pd.Da
     return Summary(available=True, lead=lead, tables=tables)
 
 
-def sparsification_figures(curve: Any, tolerance: float = 0.05, result: Any = None, local: pd.DataFrame | None = None) -> list[ReportFigure]:
+def sparsification_figures(
+    curve: Any, tolerance: float = 0.05, result: Any = None, local: pd.DataFrame | None = None
+) -> list[ReportFigure]:
     """Figures (b), (c) (with ``result``) and (d) (with ``local``), or a "not available" entry each."""
     from ..plot.sparsification import geometry_vs_loss, localized_loss_map, loss_curve
 
     out = [ReportFigure("Loss by N (b)", "delta_nll_rel per ranking and renormalisation; N* starred", loss_curve(curve, tolerance),
                         SECTION, source="tl_geometry.plot.loss_curve")]  # fmt: skip
     for title, fn, needs, why in (
-        ("Geometry against loss (c)", lambda: geometry_vs_loss(result, curve), result, "run tlg.analyze with the curve's ns"),
+        (
+            "Geometry against loss (c)",
+            lambda: geometry_vs_loss(result, curve),
+            result,
+            "run tlg.analyze with the curve's ns",
+        ),
         ("Localised loss (d)", lambda: localized_loss_map(local), local, "run tlg.localized_loss(model, corpus)"),
     ):
         if needs is None:

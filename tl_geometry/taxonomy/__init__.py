@@ -1,6 +1,6 @@
-"""The sink effect and the head taxonomy (SPEC §5; paper §4.1-4.2, Appendix A.4).
+"""The sink effect and the head taxonomy (definitions §5; paper §4.1-4.2, Appendix A.4).
 
-* :func:`regime_features` — the SPEC §5 features of raw attention rows (``c_sink``, ``c_last``,
+* :func:`regime_features` — the definitions §5 features of raw attention rows (``c_sink``, ``c_last``,
   ``c_rest``, ``rho_0``, ``cos(s(N), v_0)``, ``cos(s(N), v_L)``, ``||s(N)||`` and its
   leave-one-out variants);
 * :class:`TaxonomyObserver` — the same features for every head of a model, streamed inside
@@ -30,8 +30,8 @@ from .classify import (
     head_features,
 )
 from .clusters import STRUCTURE_SILHOUETTE, RegimeClusters, cluster_features, regime_clusters
-from .function import RegimeFunction, join_heads, regime_function
 from .features import RegimeFeatures, regime_features, sink_similarity
+from .function import RegimeFunction, join_heads, regime_function
 from .observer import TaxonomyObserver, halves
 from .sink_effect import average_ranks, pearson, rho0_table, sink_effect, spearman
 from .summaries import ClassificationStability, classification_stability, regime_pr_curves, regime_shares

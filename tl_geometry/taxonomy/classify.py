@@ -261,9 +261,7 @@ def _as_head_table(obj: Any, query_pos: int | None, th: RegimeThresholds) -> pd.
     return select_query_pos(table, query_pos, hint=_ONE_K_HINT)[HEAD_FEATURE_COLUMNS]
 
 
-def classify_heads(
-    obj: Any, *, mode: str = "strict", query_pos: int | None = None, **thresholds: Any
-) -> pd.DataFrame:
+def classify_heads(obj: Any, *, mode: str = "strict", query_pos: int | None = None, **thresholds: Any) -> pd.DataFrame:
     """Label every (layer, head) Retriever, Reset, Mixer or Unclassified (definitions §5).
 
     Parameters

@@ -1,8 +1,8 @@
-"""Regime features of one attention row (SPEC §5; paper §4.2, Figures 7 and 10).
+"""Regime features of one attention row (definitions §5; paper §4.2, Figures 7 and 10).
 
 For a row with weights ``alpha`` over keys ``0..L`` (``K = L + 1`` keys, ``L`` the query position)
 and values ``v``, with contributions ``y_i = alpha_i v_i``, top-N sets ``I_N`` (stable order,
-SPEC §2) and representatives ``s(N) = sum_{i in I_N} y_i``:
+definitions §2) and representatives ``s(N) = sum_{i in I_N} y_i``:
 
 * ``c_sink = ||y_0||``, ``c_last = ||y_L||``, ``c_rest = ||sum_{i not in {0, L}} y_i||``
   (``c_rest = 0`` when ``K <= 2``: the sum is empty; with ``K = 1`` the sink is the last token);
@@ -10,7 +10,7 @@ SPEC §2) and representatives ``s(N) = sum_{i in I_N} y_i``:
 * ``norm_s(N) = ||s(N)||``; ``norm_s_minus_sink(N) = ||s(N) - y_0||`` where ``0 in I_N`` and
   NaN elsewhere; ``norm_s_minus_last(N) = ||s(N) - y_L||`` where ``L in I_N``, NaN elsewhere
   (``sink_in`` / ``last_in`` say where they are defined);
-* ``rho_0 = mean_{j=1..L} cos(v_0, v_j)`` over the row's keys (SPEC §3; for the last query of a
+* ``rho_0 = mean_{j=1..L} cos(v_0, v_j)`` over the row's keys (definitions §3; for the last query of a
   window these are all its positions). NaN when ``K = 1``.
 
 A cosine with a zero vector counts as 0 (the direction is undefined; it is not NaN, so that
@@ -39,7 +39,7 @@ CURVE_FEATURES = ("cos_s_v0", "cos_s_vL", "norm_s", "norm_s_minus_sink", "norm_s
 
 @dataclass(frozen=True)
 class RegimeFeatures:
-    """SPEC §5 features of every row; ``*batch`` are the batch dimensions of the weights given.
+    """definitions §5 features of every row; ``*batch`` are the batch dimensions of the weights given.
 
     Attributes
     ----------
@@ -76,7 +76,7 @@ def cosine(a: Tensor, b: Tensor) -> Tensor:
 
 @typechecked
 def sink_similarity(values: Float[Tensor, "*batch k d"]) -> Float[Tensor, "*batch"]:
-    """``rho_0 = mean_{j=1..K-1} cos(v_0, v_j)`` (SPEC §3) of each set of ``K`` value vectors.
+    """``rho_0 = mean_{j=1..K-1} cos(v_0, v_j)`` (definitions §3) of each set of ``K`` value vectors.
 
     Zero vectors count as cosine 0; NaN when ``K = 1`` (no ``j > 0``).
     """
@@ -96,7 +96,7 @@ def regime_features(
     *,
     dtype: torch.dtype = torch.float64,
 ) -> RegimeFeatures:
-    """The SPEC §5 regime features of every attention row, for every selection size ``N``.
+    """The definitions §5 regime features of every attention row, for every selection size ``N``.
 
     Parameters
     ----------
@@ -167,11 +167,7 @@ def row_features(
         "cos_s_v0": cosine(centers, v_sink),
         "cos_s_vL": cosine(centers, v_last),
         "norm_s": torch.linalg.vector_norm(centers, dim=-1),
-        "norm_s_minus_sink": torch.where(
-            sink_in, torch.linalg.vector_norm(centers - y_sink[:, None], dim=-1), nan
-        ),
-        "norm_s_minus_last": torch.where(
-            last_in, torch.linalg.vector_norm(centers - y_last[:, None], dim=-1), nan
-        ),
+        "norm_s_minus_sink": torch.where(sink_in, torch.linalg.vector_norm(centers - y_sink[:, None], dim=-1), nan),
+        "norm_s_minus_last": torch.where(last_in, torch.linalg.vector_norm(centers - y_last[:, None], dim=-1), nan),
     }
     return scalars, curves, {"sink_in": sink_in, "last_in": last_in}

@@ -1,4 +1,4 @@
-"""``TaxonomyObserver``: the regime features of every head, streamed layer by layer (SPEC §5).
+"""``TaxonomyObserver``: the regime features of every head, streamed layer by layer (definitions §5).
 
 It plugs into :func:`tl_geometry.capture.run_streaming` beside
 :class:`tl_geometry.observers.SeparabilityObserver`. Per layer it computes the per-row features
@@ -40,7 +40,7 @@ def halves(n_seqs: int) -> dict[int, int]:
 
 
 class TaxonomyObserver:
-    """Accumulates the SPEC §5 regime features of every head of every observed layer.
+    """Accumulates the definitions §5 regime features of every head of every observed layer.
 
     Parameters
     ----------
@@ -60,7 +60,7 @@ class TaxonomyObserver:
     Per (layer, head, query position ``q``) it averages over sequences the features of the row of
     query ``q`` over keys ``0..q`` (``L = q``). ``rho_0`` is computed once per key/value head, on
     the same keys ``0..q``, and mapped to the query heads that read it; for the default last
-    query it is SPEC §3's ``rho_0`` over the whole window.
+    query it is definitions §3's ``rho_0`` over the whole window.
 
     Examples
     --------
@@ -128,7 +128,7 @@ class TaxonomyObserver:
         """The features table (see :data:`tl_geometry.taxonomy.accumulate.TABLE_COLUMNS`).
 
         One row per ``(layer, head, query_pos, n)``: the mean over the sequences of ``part``
-        (None: every sequence observed; a label or a list of labels otherwise) of each SPEC §5
+        (None: every sequence observed; a label or a list of labels otherwise) of each definitions §5
         feature, its population std over those sequences (``*_std``) and ``n_seqs``.
         Nothing is forgotten: later ``observe`` calls keep adding to the same sums.
         """

@@ -1,8 +1,8 @@
-"""The sink effect (SPEC §5; paper §4.1, Figure 6): does ``rho_0`` predict recall across heads?
+"""The sink effect (definitions §5; paper §4.1, Figure 6): does ``rho_0`` predict recall across heads?
 
 For every ``N``: take, per (layer, head), the mean of ``recall(N)`` over the sequences of the
 separability table, pair it with the head's ``rho_0`` (the sink similarity of its key/value head,
-SPEC §3), and correlate the two across the (layer, head) pairs, with Pearson's ``r`` and
+definitions §3), and correlate the two across the (layer, head) pairs, with Pearson's ``r`` and
 Spearman's ``rho`` (Pearson's ``r`` of the ranks, ties given their average rank). Heads whose
 mean recall or ``rho_0`` is not finite are left out; ``n_heads`` counts the pairs used. A
 correlation is NaN when fewer than two heads remain or when one side is constant across heads

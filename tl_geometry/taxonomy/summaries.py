@@ -20,7 +20,6 @@ PR_COLUMNS = [
 ]  # fmt: skip
 
 
-
 def regime_shares(heads: pd.DataFrame) -> pd.DataFrame:
     """Share of each regime among the heads of each layer (Figure 8), long form.
 

@@ -1,4 +1,4 @@
-"""The theory: envelopes of Theorems 1-2 and Corollary 1, and the phases of ``N`` (SPEC §4).
+"""The theory: envelopes of Theorems 1-2 and Corollary 1, and the phases of ``N`` (definitions §4).
 
 * :func:`bounds` — lower and upper envelopes of precision and recall for attention rows
   (:mod:`tl_geometry.theory.bounds`);

@@ -1,4 +1,4 @@
-"""Theoretical envelopes of Precision and Recall: Theorems 1-2 and Corollary 1 (SPEC §4).
+"""Theoretical envelopes of Precision and Recall: Theorems 1-2 and Corollary 1 (definitions §4).
 
 For one attention row (weights ``alpha``, values ``v``, ``K`` keys, head dimension ``d``) and a
 selection size ``N`` with top-N set ``I_N`` (stable order, :mod:`tl_geometry.selection`):
@@ -25,7 +25,7 @@ selection size ``N`` with top-N set ``I_N`` (stable order, :mod:`tl_geometry.sel
 * Corollary 1: the F-score bounds are ``2x / (1 + x)`` of the matching bounds
   (:attr:`Bounds.f_at_rmax_lower` etc.).
 
-Choices where SPEC §4 is silent (binding for this module, also listed in docs/theory.md):
+Choices where definitions §4 is silent (binding for this module, also listed in docs/theory.md):
 
 * **Empty sets.** ``I'`` is empty only when ``N = 1`` and the sink is the top key. Then
   ``S_in = 0``, ``a_in_max = 0`` (so ``B = a_out_max``), ``a_in_min`` is undefined and
@@ -87,7 +87,7 @@ class SimilarityModel:
 
     ``rho_jk = exp(-beta |j - k|)`` for keys ``j, k > 0``; ``rho_0`` between the sink (key 0) and
     any other key; 1 on the diagonal. Parameters are given by hand (or taken from the
-    diagnostics of SPEC §3).
+    diagnostics of definitions §3).
 
     Attributes
     ----------
@@ -144,7 +144,7 @@ def f_bound(x: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class Bounds:
-    """Envelopes of Theorems 1-2 per row and selection size (SPEC §4).
+    """Envelopes of Theorems 1-2 per row and selection size (definitions §4).
 
     Every field but ``ns`` has shape ``[*batch, len(ns)]``, the batch dimensions being those of
     the weights passed to :func:`bounds`. The Corollary 1 F-score bounds are properties.
@@ -210,7 +210,7 @@ def bounds(
 ) -> Bounds:
     """Lower and upper envelopes of Precision and Recall (Theorems 1-2) for every row and ``N``.
 
-    Follows SPEC §4 to the letter; see the module docstring for every choice SPEC leaves open
+    Follows definitions §4 to the letter; see the module docstring for every choice SPEC leaves open
     (empty ``I'``, ``N = K``, the diagonal of ``rho``, ``B = 0``).
 
     Parameters
@@ -222,7 +222,7 @@ def bounds(
     ns : None, "all", "log", sequence of int or 1-D int tensor, default None
         Selection sizes ``N`` (see :func:`tl_geometry.selection.resolve_ns`); None = every N.
     kappa : float, default 0.5
-        The paper's universal concentration constant ``kappa > 0`` (SPEC §4).
+        The paper's universal concentration constant ``kappa > 0`` (definitions §4).
     rho : "measured", SimilarityModel or ("model", beta, rho_0), default "measured"
         Source of the cosines ``rho_jk``: measured from ``values``, or the Assumption 2 model
         ``exp(-beta |j-k|)`` (``j, k > 0``) and ``rho_0`` against the sink, with ``j, k`` the

@@ -31,7 +31,7 @@ BOUNDS_COLUMNS = KEY_COLUMNS + BOUND_COLUMNS
 
 
 class BoundsObserver(RowMetricsObserver):
-    """Computes the SPEC §4 envelopes for every head and chosen query row of a layer.
+    """Computes the definitions §4 envelopes for every head and chosen query row of a layer.
 
     Parameters
     ----------

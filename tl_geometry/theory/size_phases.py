@@ -1,6 +1,6 @@
 """Phases of the selection size N under the piecewise attention profile (paper Table 2).
 
-The profile of Assumption 3 (SPEC §3, with the two ``eta`` fitted separately) over ``K`` keys::
+The profile of Assumption 3 (definitions §3, with the two ``eta`` fitted separately) over ``K`` keys::
 
     alpha_0 = p_sink
     alpha_i = p_base                                   1 <= i <= T1     (plateau)
@@ -10,7 +10,7 @@ The profile of Assumption 3 (SPEC §3, with the two ``eta`` fitted separately) o
 Every key falls in a *segment*: ``sink`` (i = 0), ``plateau`` (1..T1), ``peak`` (oscillatory key
 with ``alpha_i > p_base``), ``valley`` (oscillatory key with ``alpha_i <= p_base``) and ``tail``
 (i > T2). ``I_N`` is the first ``N`` keys of the profile sorted like every attention row
-(weight descending, ties to the lower key index; SPEC §2), and ``rank(i)`` is the 0-based
+(weight descending, ties to the lower key index; definitions §2), and ``rank(i)`` is the 0-based
 position of key ``i`` in that order, so key ``i`` is in ``I_N`` iff ``N > rank(i)``.
 
 Boundaries (all in ``1..K+1``; ``K + 1`` means "never"):
@@ -85,9 +85,7 @@ class PiecewiseProfile:
         if self.n_keys < 1:
             raise InputError(f"n_keys must be >= 1, got {self.n_keys}")
         if not 0 <= self.t1 <= self.t2 <= self.n_keys - 1:
-            raise InputError(
-                f"need 0 <= t1 <= t2 <= n_keys - 1, got t1={self.t1}, t2={self.t2}, n_keys={self.n_keys}"
-            )
+            raise InputError(f"need 0 <= t1 <= t2 <= n_keys - 1, got t1={self.t1}, t2={self.t2}, n_keys={self.n_keys}")
         if not (self.p_base > 0 and self.p_sink >= 0):
             raise InputError(f"need p_base > 0 and p_sink >= 0, got p_base={self.p_base}, p_sink={self.p_sink}")
         for name in ("p_sink", "p_base", "eta_osc", "omega", "eta_exp"):
