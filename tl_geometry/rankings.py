@@ -126,6 +126,7 @@ def splitmix64(x: Int[Tensor, "*shape"]) -> Int[Tensor, "*shape"]:
 
     Wrapping int64 arithmetic gives the same bits as the unsigned 64-bit reference.
 
+    >>> import torch
     >>> splitmix64(torch.tensor([0])).tolist()   # 0xE220A8397B1DCDAF as a signed int64
     [-2152535657050944081]
     """
@@ -149,6 +150,7 @@ def row_keys(seq: Any = 0, layer: Any = 0, head: Any = 0, query_pos: Any = 0) ->
     Rows with the same ``(seq, layer, head, query_pos)`` get the same random permutations, whatever
     else is in their batch. ``seq`` is the window's index in the corpus.
 
+    >>> import torch
     >>> row_keys(seq=torch.arange(2)[:, None], head=torch.arange(3)).shape
     torch.Size([2, 3])
     """
@@ -235,10 +237,29 @@ def selection_order(scores: Float[Tensor, "*batch k"]) -> Int[Tensor, "*batch k"
     return torch.argsort(scores, dim=-1, descending=True, stable=True)
 
 
+@typechecked
 def top_n_mask(scores: Float[Tensor, "*batch k"], n: int) -> Bool[Tensor, "*batch k"]:
-    """``True`` at the keys of ``I_N``: the ``n`` highest scores (ties to the lower index); all keys if ``n >= K``."""
-    order = selection_order(scores)[..., :n]
-    return torch.zeros(scores.shape, dtype=torch.bool, device=scores.device).scatter_(-1, order, True)
+    """``True`` at the keys of ``I_N``: the ``n`` highest scores, ties to the lower key index; all keys if ``n >= K``.
+
+    The set of :func:`selection_order` (a stable sort), found without sorting: ``t`` = the ``n``-th
+    largest score (``torch.topk``); keep every score ``> t`` and, of the scores ``== t``, the
+    lowest-indexed ones until ``n`` are kept.
+
+    >>> import torch
+    >>> top_n_mask(torch.tensor([0.2, 0.5, 0.2, 0.2]), 2).tolist()
+    [True, True, False, False]
+    """
+    n_keys = scores.shape[-1]
+    if n >= n_keys:
+        return torch.ones(scores.shape, dtype=torch.bool, device=scores.device)
+    threshold = torch.topk(scores, n, dim=-1).values[..., -1:]
+    at_least = scores >= threshold
+    if bool((at_least.sum(dim=-1) == n).all()):  # no tie straddles the cut (the usual case): done
+        return at_least
+    above = scores > threshold
+    tied = scores == threshold
+    room = n - above.sum(dim=-1, keepdim=True)
+    return above | (tied & (torch.cumsum(tied, dim=-1) <= room))
 
 
 __all__ = [

@@ -11,7 +11,7 @@ from .context import TopNAttention, top_n_attention
 from .curve import SparsificationCurve, load_curve, sparsification_curve
 from .function import geometry_vs_function
 from .localized import localized_loss
-from .restrict import restrict_pattern, top_n_keep
+from .restrict import restrict_pattern
 
 __all__ = [
     "SparsificationCurve",
@@ -22,5 +22,4 @@ __all__ = [
     "restrict_pattern",
     "sparsification_curve",
     "top_n_attention",
-    "top_n_keep",
 ]

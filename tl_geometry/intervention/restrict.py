@@ -22,34 +22,11 @@ Examples
 from __future__ import annotations
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from torch import Tensor
 
 from .._typing import typechecked
-
-
-@typechecked
-def top_n_keep(scores: Float[Tensor, "*batch k"], n: int) -> Bool[Tensor, "*batch k"]:
-    """``True`` at the ``n`` highest scores of each row, ties to the lower key index.
-
-    The same set as :func:`tl_geometry.rankings.top_n_mask` (a stable sort), found without sorting:
-    ``t`` = the ``n``-th largest score (``torch.topk``); keep every score ``> t`` and, of the
-    scores ``== t``, the lowest-indexed ones until ``n`` are kept.
-
-    >>> top_n_keep(torch.tensor([0.2, 0.5, 0.2, 0.2]), 2).tolist()
-    [True, True, False, False]
-    """
-    n_keys = scores.shape[-1]
-    if n >= n_keys:
-        return torch.ones(scores.shape, dtype=torch.bool, device=scores.device)
-    threshold = torch.topk(scores, n, dim=-1).values[..., -1:]
-    at_least = scores >= threshold
-    if bool((at_least.sum(dim=-1) == n).all()):  # no tie straddles the cut (the usual case): done
-        return at_least
-    above = scores > threshold
-    tied = scores == threshold
-    room = n - above.sum(dim=-1, keepdim=True)
-    return above | (tied & (torch.cumsum(tied, dim=-1) <= room))
+from ..rankings import top_n_mask
 
 
 @typechecked
@@ -78,7 +55,7 @@ def restrict_pattern(
     if n >= n_queries:
         return pattern
     tail = pattern[..., n:, :]
-    kept = torch.where(top_n_keep(scores[..., n:, :], n), tail, torch.zeros((), dtype=tail.dtype, device=tail.device))
+    kept = torch.where(top_n_mask(scores[..., n:, :], n), tail, torch.zeros((), dtype=tail.dtype, device=tail.device))
     if renormalize:
         total = kept.sum(dim=-1, keepdim=True)
         kept = kept / torch.where(total > 0, total, torch.ones_like(total))
@@ -87,4 +64,4 @@ def restrict_pattern(
     return out
 
 
-__all__ = ["restrict_pattern", "top_n_keep"]
+__all__ = ["restrict_pattern"]
