@@ -86,7 +86,7 @@ def ref_bounds(weights, values, n, kappa=0.5, model=None) -> dict:
     r_low = min(1.0, max(0.0, 1 - m * t - m / n * t0))
 
     def big_m(j):
-        return sum(a[l] * rho(l, j) for l in prime)
+        return sum(a[l] * rho(l, j) for l in prime)  # noqa: E741 - the index l of eq. 11
 
     sigma = scale / math.sqrt(2 * kappa * d)
 

@@ -107,8 +107,8 @@ def test_geometry_vs_loss_figure() -> None:
 def test_localized_loss_map_figure() -> None:
     local = pd.DataFrame(
         [
-            {"layer": l, "head": h, "delta_nll_rel": 10 * l + h, "n": 8, "rank_by": "attention"}
-            for l in range(3)
+            {"layer": layer, "head": h, "delta_nll_rel": 10 * layer + h, "n": 8, "rank_by": "attention"}
+            for layer in range(3)
             for h in range(2)
         ]
     )

@@ -155,7 +155,7 @@ def test_localized_loss_by_layer_and_head(pair, windows) -> None:
     by_layer = tlg.localized_loss(bridge, from_tokens(windows), n=2, unit="layer", progress=False)
     by_head = tlg.localized_loss(bridge, from_tokens(windows), n=2, unit="head", renormalize=True, progress=False)
     assert by_layer[["layer"]].values.ravel().tolist() == [0, 1] and by_layer["head"].isna().all()
-    assert list(zip(by_head["layer"], by_head["head"])) == [(l, h) for l in range(2) for h in range(4)]
+    assert list(zip(by_head["layer"], by_head["head"])) == [(layer, h) for layer in range(2) for h in range(4)]
     full = corpus_nll(bridge, windows, progress=False).nll
     with tlg.top_n_attention(bridge, n=2, layers=1, heads=2, renormalize=True):
         only = corpus_nll(bridge, windows, progress=False).nll
@@ -194,13 +194,13 @@ def test_geometry_vs_function_over_n_per_ranking() -> None:
 def test_geometry_vs_function_across_heads() -> None:
     sep = pd.DataFrame(
         [
-            {"n": 8, "layer": l, "head": h, "f_at_rmax": l * 2 + h, "f_at_rmin": -(l * 2 + h)}
-            for l in range(2)
+            {"n": 8, "layer": layer, "head": h, "f_at_rmax": layer * 2 + h, "f_at_rmin": -(layer * 2 + h)}
+            for layer in range(2)
             for h in range(2)
         ]
     )
-    local = pd.DataFrame([{"unit": "head", "layer": l, "head": h, "rank_by": "attention", "renormalize": False, "n": 8,
-                           "delta_nll_rel": float(l * 2 + h) ** 2} for l in range(2) for h in range(2)])  # fmt: skip
+    local = pd.DataFrame([{"unit": "head", "layer": layer, "head": h, "rank_by": "attention", "renormalize": False, "n": 8,
+                           "delta_nll_rel": float(layer * 2 + h) ** 2} for layer in range(2) for h in range(2)])  # fmt: skip
     local["head"] = local["head"].astype("Int64")
     out = tlg.geometry_vs_function(sep, local).set_index("geometry")
     assert out.loc["f_at_rmax", "rho"] == pytest.approx(1.0) and out.loc["f_at_rmin", "rho"] == pytest.approx(-1.0)

@@ -38,7 +38,7 @@ class LayerBatch:
     """
 
     layer: int
-    seq_ids: Int[Tensor, "batch"]
+    seq_ids: Int[Tensor, " batch"]
     query_positions: tuple[int, ...]
     weights: Float[Tensor, "batch head query key"]
     values: Float[Tensor, "batch key kv_head d_head"]
@@ -95,7 +95,7 @@ def resolve_query_positions(spec: Any, seq_len: int) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def values_per_head(values: Float[Tensor, "batch key kv_head d_head"], kv_head_of: Int[Tensor, "head"]) -> Tensor:
+def values_per_head(values: Float[Tensor, "batch key kv_head d_head"], kv_head_of: Int[Tensor, " head"]) -> Tensor:
     """Values seen by every query head: ``[batch, head, key, d_head]`` with ``v[.., h] = v[.., g(h)]``."""
     return einops.rearrange(values.index_select(2, kv_head_of.to(values.device)), "b k h d -> b h k d")
 
@@ -121,7 +121,7 @@ def run_streaming(
     model: Any,
     info: ModelInfo,
     tokens: Int[Tensor, "batch pos"],
-    seq_ids: Int[Tensor, "batch"],
+    seq_ids: Int[Tensor, " batch"],
     layers: Sequence[int],
     query_positions: tuple[int, ...],
     observers: Sequence[LayerObserver],

@@ -150,7 +150,7 @@ def _settings(args: argparse.Namespace):
         raise TLGeometryError(f"--query-stride must be at least 1, got {args.query_stride}")
     if args.query_stride is not None and args.query != "last":
         raise TLGeometryError("give either --query or --query-stride, not both")
-    queries: object
+    queries: slice | str | list[int]
     if args.query_stride is not None:
         queries = slice(args.query_stride - 1, None, args.query_stride)
     else:

@@ -73,12 +73,12 @@ class ModelInfo:
     bos_token_id: int | None
     values_include_value_bias: bool | None
 
-    def kv_head_of(self) -> Int[Tensor, "head"]:
+    def kv_head_of(self) -> Int[Tensor, " head"]:
         """``g(h) = h // (n_heads // n_kv_heads)`` for every query head ``h`` (definitions §1)."""
         return kv_head_index(self.n_heads, self.n_kv_heads)
 
 
-def kv_head_index(n_heads: int, n_kv_heads: int) -> Int[Tensor, "head"]:
+def kv_head_index(n_heads: int, n_kv_heads: int) -> Int[Tensor, " head"]:
     """The key/value head serving each query head: ``g = h // (n_heads // n_kv_heads)`` (definitions §1)."""
     if n_kv_heads < 1 or n_heads % n_kv_heads:
         raise ModelError(

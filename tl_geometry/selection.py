@@ -52,7 +52,7 @@ def log_spaced_ns(n_keys: int, dense_below: int = 8, per_octave: int = 4) -> lis
     return sorted(set(dense) | {int(n) for n in geometric} | {n_keys})
 
 
-def resolve_ns(ns: NsLike, n_keys: int, device: torch.device | str = "cpu") -> Int[Tensor, "n"]:
+def resolve_ns(ns: NsLike, n_keys: int, device: torch.device | str = "cpu") -> Int[Tensor, " n"]:
     """Turn the user's ``ns`` into a 1-D int64 tensor of selection sizes, checked against ``K``.
 
     Parameters

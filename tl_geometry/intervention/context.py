@@ -24,6 +24,7 @@ import einops
 import torch
 from torch import Tensor
 
+from .._typing import is_integer
 from ..capture import _as_kv_values, model_device
 from ..errors import InputError, ModelError
 from ..models import ModelInfo, describe_model, hook_pattern_name, hook_v_name
@@ -56,7 +57,7 @@ def resolve_units(info: ModelInfo, layers: Any = None, heads: Any = None) -> dic
             raise InputError(f"{what} must be None, an int or a list of ints, got {spec!r}") from None
         out = []
         for item in items:
-            if isinstance(item, bool) or not isinstance(item, numbers.Integral) or not -size <= item < size:
+            if not is_integer(item) or not -size <= int(item) < size:
                 raise InputError(f"{what} {item!r} is not an index in 0..{size - 1}")
             out.append(int(item) % size)
         if not out:
@@ -259,6 +260,7 @@ def top_n_attention(
 
     Examples
     --------
+    >>> import torch
     >>> from tl_geometry.testing import tiny_llama_bridge
     >>> model = tiny_llama_bridge()
     >>> tokens = torch.randint(3, 259, (1, 12))

@@ -13,6 +13,7 @@ from there: a resumed curve equals an uninterrupted one.
 
 Examples
 --------
+>>> import torch
 >>> from tl_geometry.testing import tiny_llama_bridge
 >>> from tl_geometry.corpus import from_tokens
 >>> corpus = from_tokens(torch.randint(3, 259, (2, 16)))
@@ -172,6 +173,8 @@ class SparsificationCurve:
         return t[(t.rank_by == rank_by) & (t.renormalize == renorm)].sort_values("n")
 
     def _add_point(self, rank_by: str, renorm: bool, n: int) -> None:
+        if self._measure is None:  # effective_set_size refuses refine=True without the model first
+            raise InputError("measuring a size needs the model: load the curve with load_curve(out_dir, model, corpus)")
         row = self._measure(rank_by, renorm, n)
         self.table = pd.concat([self.table, pd.DataFrame([row])], ignore_index=True)[CURVE_COLUMNS]
 

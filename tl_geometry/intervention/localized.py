@@ -6,6 +6,7 @@ loss with only ``u``'s attention rows restricted to their top-``N`` keys and eve
 
 Examples
 --------
+>>> import torch
 >>> from tl_geometry.testing import tiny_llama_bridge
 >>> from tl_geometry.corpus import from_tokens
 >>> local = localized_loss(tiny_llama_bridge(), from_tokens(torch.randint(3, 259, (2, 16))), n=2,
@@ -86,7 +87,7 @@ def localized_loss(
     units = (
         [(layer, None) for layer in chosen]
         if unit == "layer"
-        else [(l, h) for l in chosen for h in range(info.n_heads)]
+        else [(layer, h) for layer in chosen for h in range(info.n_heads)]
     )
     rows = []
     for layer, head in tqdm(units, desc=f"localised loss ({unit})", unit=unit, disable=not progress):

@@ -115,7 +115,7 @@ def regime_diagnostics(
             fig.add_trace(go.Scatter(x=part["n"].to_numpy(), y=as_array(part[column]), mode="lines",
                                      name=f"{name} — L{layer} H{head}", line=dict(color=color, dash=dash),
                                      showlegend=False), row=row, col=col)  # fmt: skip
-    for column, name, dash, row in CURVES:  # legend keys for the line styles
+    for _column, name, dash, row in CURVES:  # legend keys for the line styles
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=name, line=dict(color="black", dash=dash)),
                       row=row, col=1)  # fmt: skip
     fig.update_xaxes(type="log")

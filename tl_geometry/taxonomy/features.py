@@ -53,7 +53,7 @@ class RegimeFeatures:
     sink_in, last_in : [*batch, n] bool, ``0 in I_N`` and ``L in I_N``.
     """
 
-    ns: Int[Tensor, "n"]
+    ns: Int[Tensor, " n"]
     c_sink: Float[Tensor, "*batch"]
     c_last: Float[Tensor, "*batch"]
     c_rest: Float[Tensor, "*batch"]
@@ -117,6 +117,7 @@ def regime_features(
 
     Examples
     --------
+    >>> import torch
     >>> f = regime_features(torch.softmax(torch.randn(2, 9, 16), -1), torch.randn(2, 9, 16, 8), ns=[1, 4, 16])
     >>> f.cos_s_vL.shape
     torch.Size([2, 9, 3])

@@ -133,7 +133,7 @@ class PiecewiseProfile:
             n_keys=k_keys,
         )
 
-    def weights(self, dtype: torch.dtype = torch.float64) -> Float[Tensor, "k"]:
+    def weights(self, dtype: torch.dtype = torch.float64) -> Float[Tensor, " k"]:
         """``alpha_i`` for ``i = 0..K-1`` (not normalised)."""
         i = torch.arange(self.n_keys, dtype=dtype)
         out = torch.full_like(i, self.p_base)
