@@ -48,6 +48,7 @@ LINTED := tl_geometry tests benchmarks .ci
 
 lint: setup
 	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
 
 # rewrite the tree the way `lint` wants it (import order, formatting, safe fixes)
 format: setup

@@ -31,6 +31,7 @@ def typechecked(fn: F) -> F:
 def is_integer(value: Any) -> bool:
     """True for Python and numpy integers, False for bools (``True`` is not a count), floats and the rest.
 
+    >>> import numpy as np
     >>> [is_integer(v) for v in (3, np.int64(3), True, 3.0, "3")]
     [True, True, False, False, False]
     """

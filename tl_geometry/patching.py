@@ -67,6 +67,7 @@ def head_out(
 
     Examples
     --------
+    >>> import torch
     >>> from tl_geometry.testing import tiny_llama_bridge
     >>> model = tiny_llama_bridge()
     >>> clean, corrupt = torch.randint(3, 259, (2, 8)), torch.randint(3, 259, (2, 8))
@@ -129,6 +130,7 @@ def mean_ablation(model: Any, tokens: Int[Tensor, "batch pos"]) -> pd.DataFrame:
 
     Examples
     --------
+    >>> import torch
     >>> from tl_geometry.testing import tiny_llama_bridge
     >>> table = mean_ablation(tiny_llama_bridge(), torch.randint(3, 259, (2, 8)))
     >>> list(table.columns)

@@ -67,6 +67,7 @@ def model_fingerprint(model: Any, n_values: int = 8) -> str:
 
     Examples
     --------
+    >>> import torch
     >>> a, b = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
     >>> with torch.no_grad():
     ...     _ = b.weight.copy_(a.weight), b.bias.copy_(a.bias)

@@ -32,6 +32,7 @@ def attention_rows(table: pd.DataFrame) -> pd.DataFrame:
 
     Examples
     --------
+    >>> import pandas as pd
     >>> t = pd.DataFrame({"rank_by": ["attention", "random"], "recall": [0.9, 0.4]})
     >>> attention_rows(t).recall.tolist()
     [0.9]

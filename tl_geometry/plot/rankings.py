@@ -51,6 +51,7 @@ def separability_by_ranking(
 
     Examples
     --------
+    >>> import pandas as pd
     >>> table = pd.DataFrame({"rank_by": ["attention", "attention", "random", "random"], "n": [1, 2, 1, 2],
     ...                       "precision": [1.0, 0.9, 1.0, 0.5], "recall": [1.0, 0.8, 1.0, 0.4],
     ...                       "f_at_rmax": [1.0, 0.95, 1.0, 0.67]})
