@@ -8,7 +8,7 @@ last position), then prints the distribution over (layer, kv_head) pairs of ``si
 the attention-profile fit. Numbers are quoted in docs/diagnostics.md.
 
     python benchmarks/diagnostics_smollm2.py                 # ~1-2 minutes on 1 CPU thread
-    python benchmarks/diagnostics_smollm2.py --out /tmp/diag # also writes the six tables (parquet)
+    python benchmarks/diagnostics_smollm2.py --out runs/diag # also writes the six tables (parquet)
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ bootstrap intervals and a Kruskal-Wallis test.
 
     python benchmarks/taxonomy_smollm2.py                 # 16 windows of 512 tokens: ~2 min, + ~30 min mean-ablation
     python benchmarks/taxonomy_smollm2.py --ablation-seqs 0   # without the mean-ablation
-    python benchmarks/taxonomy_smollm2.py --out /tmp/tax  # also write the tables as CSV
+    python benchmarks/taxonomy_smollm2.py --out runs/tax  # also write the tables as CSV
 """
 
 from __future__ import annotations

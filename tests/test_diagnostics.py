@@ -2,7 +2,7 @@
 batch-split / merge / resume invariance, shapes, degenerate profiles.
 
 Expected values come from the generators' parameters or from the slow references below, which
-are written from the SPEC text with numpy loops and share no code with the package.
+are written from docs/definitions.md with numpy loops and share no code with the package.
 """
 
 from __future__ import annotations
@@ -239,7 +239,7 @@ def test_profile_recovers_planted_parameters(name):
     gen = torch.Generator().manual_seed(3)
     weights = alpha * torch.exp(noise * torch.randn(n_seqs, 1, n_keys, generator=gen, dtype=torch.float64))
     row = D.fit_attention_profile(weights).summary.iloc[0]
-    assert row.p_sink == pytest.approx(weights[:, 0, 0].mean().item(), rel=1e-12)  # SPEC: the mean alpha_0
+    assert row.p_sink == pytest.approx(weights[:, 0, 0].mean().item(), rel=1e-12)  # definitions §3: the mean alpha_0
     # the mean of exp(noise * N) is exp(noise^2 / 2): 0.5 % above the planted value
     assert row.p_base == pytest.approx(p["p_base"] * math.exp(noise**2 / 2), rel=0.03)
     # log of a mean of 4 lognormal(0.1) factors: sd ~ 0.05, mean absolute value ~ 0.04

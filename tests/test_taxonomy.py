@@ -1,6 +1,6 @@
 """Tests of the sink effect and the head taxonomy (definitions §5).
 
-Expected values come from the slow loop references below (written from the SPEC text, per row
+Expected values come from the slow loop references below (written from the text of docs/definitions.md, per row
 and per N, sharing no code with the package), from hand computations, or from synthetic heads
 built to be each regime.
 """

@@ -169,7 +169,7 @@ def fit_attention_profile(
     ----------
     weights : Tensor [*batch, head, key]
         One attention row per head and batch entry: ``weights[..., h, i]`` is the weight of the
-        query on key ``i`` (keys ``0..q``, so ``key = q + 1``; the SPEC uses the last query of
+        query on key ``i`` (keys ``0..q``, so ``key = q + 1``; definitions §3 uses the last query of
         each sequence). The rows are **averaged over every batch dimension** (arithmetic mean
         of the weights) before the fit; pass ``[head, key]`` for a profile already averaged.
     floor : float, default 1e-12

@@ -37,7 +37,7 @@ Choices where definitions §4 is silent (binding for this module, also listed in
 * ``d = values.shape[-1]`` (the head dimension).
 * **Measured cosines**: ``rho_jk = <v_j, v_k> / (||v_j|| ||v_k||)``, the diagonal set to exactly
   1 (it enters ``M_i`` for ``i in I'`` since ``M_i`` sums over ``l in I'`` including ``l = i``,
-  as SPEC writes it), and 0 against a zero vector.
+  as definitions §4 writes it), and 0 against a zero vector.
 * **Model cosines** (:class:`SimilarityModel`): ``exp(-beta |j - k|)`` for ``j, k > 0``,
   ``rho_0`` between the sink and any other key, 1 on the diagonal. The norms (hence ``a_i``)
   always come from the values.
@@ -162,7 +162,7 @@ class Bounds:
     scale : ``B = a_in_max + a_out_max + S_in``.
     """
 
-    ns: Int[Tensor, "n"]
+    ns: Int[Tensor, " n"]
     precision_lower: Float[Tensor, "*batch n"]
     precision_upper: Float[Tensor, "*batch n"]
     recall_lower: Float[Tensor, "*batch n"]
@@ -210,7 +210,7 @@ def bounds(
 ) -> Bounds:
     """Lower and upper envelopes of Precision and Recall (Theorems 1-2) for every row and ``N``.
 
-    Follows definitions §4 to the letter; see the module docstring for every choice SPEC leaves open
+    Follows definitions §4 to the letter; see the module docstring for every choice the paper leaves open
     (empty ``I'``, ``N = K``, the diagonal of ``rho``, ``B = 0``).
 
     Parameters
