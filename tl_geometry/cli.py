@@ -27,6 +27,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Callable
 
 from ._files import write_json_atomic
 from .distributed import World, check_shards, has_progress
@@ -108,11 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--distance", default="euclidean", help="'euclidean' (default) or 'cosine'")
     run.add_argument("--n-random", type=int, default=16, help="random draws per row of the random control (default 16)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random control (default 0)")
-    run.add_argument("--out", default="runs/default", help="output directory (default runs/default)")
-    group = run.add_mutually_exclusive_group()
-    group.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
-    group.add_argument("--force", action="store_true", help="replace --out if it exists")
-    run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_out_options(run, "runs/default", "run")
     from .cli_sparsify import add_parser as add_sparsify_parser
 
     add_sparsify_parser(sub)
@@ -134,16 +131,21 @@ def _parse_ints(text: str, option: str, words: tuple[str, ...]) -> str | list[in
         ) from None
 
 
+def check_window_options(args: argparse.Namespace, why_two: str) -> None:
+    """``--n-seqs >= 1``, ``--seq-len >= 2`` (``why_two`` says why) and ``--batch-size >= 1``."""
+    if args.n_seqs < 1:
+        raise TLGeometryError(f"--n-seqs must be at least 1, got {args.n_seqs}")
+    if args.seq_len < 2:
+        raise TLGeometryError(f"--seq-len must be at least 2 ({why_two}), got {args.seq_len}")
+    if args.batch_size < 1:
+        raise TLGeometryError(f"--batch-size must be at least 1, got {args.batch_size}")
+
+
 def _settings(args: argparse.Namespace):
     """The :class:`~tl_geometry.settings.AnalysisSettings` of the options (checked before any loading)."""
     from .settings import AnalysisSettings
 
-    if args.n_seqs < 1:
-        raise TLGeometryError(f"--n-seqs must be at least 1, got {args.n_seqs}")
-    if args.seq_len < 2:
-        raise TLGeometryError(f"--seq-len must be at least 2 (BOS plus one token), got {args.seq_len}")
-    if args.batch_size < 1:
-        raise TLGeometryError(f"--batch-size must be at least 1, got {args.batch_size}")
+    check_window_options(args, "BOS plus one token")
     if not (math.isfinite(args.kappa) and args.kappa > 0):
         raise TLGeometryError(f"--kappa must be a positive finite number, got {args.kappa}")
     if args.query_stride is not None and args.query_stride < 1:
@@ -173,10 +175,34 @@ def _holds_results(out: Path) -> bool:
     return out.is_dir() and any(p.name != MARKER_FILE for p in out.iterdir())
 
 
-def _check_out(args: argparse.Namespace) -> Path:
-    """``--out`` with ``--resume`` / ``--force`` checked; nothing is deleted here."""
+def add_out_options(parser: argparse.ArgumentParser, default: str, what: str) -> None:
+    """``--out``, ``--resume`` / ``--force`` (one or the other) and ``--no-progress`` of a command writing a ``what``."""
+    parser.add_argument("--out", default=default, help=f"output directory (default {default})")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--resume", action="store_true", help=f"continue an interrupted {what} in --out")
+    group.add_argument("--force", action="store_true", help="replace --out if it exists")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+
+
+def _has_saved_run(out: Path) -> bool:
+    return has_progress(out / "progress")
+
+
+def _check_out(
+    args: argparse.Namespace,
+    *,
+    what: str = "run",
+    example: str = "runs/my-run",
+    saved: Callable[[Path], bool] = _has_saved_run,
+    nothing_saved: str = "holds no interrupted run (no progress/progress.json)",
+) -> Path:
+    """``--out`` with ``--resume`` / ``--force`` checked for a command that writes a ``what``; nothing is deleted here.
+
+    ``saved(out)`` says whether ``out`` holds something ``--resume`` can continue (``nothing_saved``
+    says what is missing otherwise).
+    """
     if not args.out.strip():
-        raise TLGeometryError("--out is empty: give the directory to write the run to, e.g. --out runs/my-run")
+        raise TLGeometryError(f"--out is empty: give the directory to write the {what} to, e.g. --out {example}")
     out = Path(args.out).expanduser()
     if out.exists() and not out.is_dir():
         raise TLGeometryError(f"--out {out} is a file, not a directory")
@@ -184,12 +210,14 @@ def _check_out(args: argparse.Namespace) -> Path:
         _check_replaceable(out)
     elif _holds_results(out) and not args.resume:
         if _is_run_dir(out):
-            raise TLGeometryError(f"{out} already exists: pass --resume to continue that run or --force to replace it")
+            raise TLGeometryError(
+                f"{out} already exists: pass --resume to continue that {what} or --force to replace it"
+            )
         raise TLGeometryError(
-            f"{out} already exists and was not written by tl-geometry run (no {MARKER_FILE}): choose another --out"
+            f"{out} already exists and was not written by tl-geometry (no {MARKER_FILE}): choose another --out"
         )
-    if args.resume and not has_progress(out / "progress"):
-        raise TLGeometryError(f"--resume: {out} holds no interrupted run (no progress/progress.json); drop --resume")
+    if args.resume and not saved(out):
+        raise TLGeometryError(f"--resume: {out} {nothing_saved}; drop --resume")
     return out
 
 

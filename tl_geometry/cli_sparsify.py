@@ -52,28 +52,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random ranking (default 0)")
     p.add_argument("--batch-size", type=int, default=4, help="windows per forward pass (default 4)")
-    p.add_argument("--out", default="runs/sparsify", help="output directory (default runs/sparsify)")
-    group = p.add_mutually_exclusive_group()
-    group.add_argument("--resume", action="store_true", help="continue an interrupted curve in --out")
-    group.add_argument("--force", action="store_true", help="replace --out if it exists")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    from .cli import add_out_options
+
+    add_out_options(p, "runs/sparsify", "curve")
 
 
 def _options(args: argparse.Namespace) -> dict:
     """Every option checked, before the model is loaded."""
     import math
 
-    from .cli import _parse_ints
+    from .cli import _parse_ints, check_window_options
     from .intervention.context import check_n
     from .intervention.curve import check_tolerance
     from .rankings import check_rankings
 
-    if args.n_seqs < 1:
-        raise TLGeometryError(f"--n-seqs must be at least 1, got {args.n_seqs}")
-    if args.seq_len < 2:
-        raise TLGeometryError(f"--seq-len must be at least 2 (a target after the first token), got {args.seq_len}")
-    if args.batch_size < 1:
-        raise TLGeometryError(f"--batch-size must be at least 1, got {args.batch_size}")
+    check_window_options(args, "a target after the first token")
     ns = _parse_ints(args.ns, "--ns", ("pow2",))
     if isinstance(ns, list) and (not ns or min(ns) < 1):
         raise TLGeometryError(f"--ns sizes must be integers >= 1, got {args.ns!r}")
@@ -87,24 +80,15 @@ def _options(args: argparse.Namespace) -> dict:
 
 
 def _check_out(args: argparse.Namespace) -> Path:
-    from .cli import _check_replaceable, _holds_results, _is_run_dir
+    from .cli import _check_out as check_out
 
-    if not args.out.strip():
-        raise TLGeometryError("--out is empty: give the directory to write to, e.g. --out runs/sparsify")
-    out = Path(args.out).expanduser()
-    if out.exists() and not out.is_dir():
-        raise TLGeometryError(f"--out {out} is a file, not a directory")
-    if args.force and _holds_results(out):
-        _check_replaceable(out)
-    elif _holds_results(out) and not args.resume:
-        if _is_run_dir(out):
-            raise TLGeometryError(
-                f"{out} already exists: pass --resume to continue that curve or --force to replace it"
-            )
-        raise TLGeometryError(f"{out} already exists and was not written by tl-geometry: choose another --out")
-    if args.resume and not (out / CURVE_FILE).exists():
-        raise TLGeometryError(f"--resume: {out} holds no curve ({CURVE_FILE}); drop --resume")
-    return out
+    return check_out(
+        args,
+        what="curve",
+        example="runs/sparsify",
+        saved=lambda out: (out / CURVE_FILE).exists(),
+        nothing_saved=f"holds no curve ({CURVE_FILE})",
+    )
 
 
 def sparsify_command(args: argparse.Namespace) -> int:
