@@ -84,9 +84,9 @@ def bucket_max_measured(
     rho32 = rho_out_from_buckets(bucket_max, ns).to(torch.float64)
     threshold = torch.where(torch.isinf(rho32), torch.inf, rho32 - 2 * slack)  # [r, G]
     starts, ends, of_rank = buckets(ns, units.shape[1])
-    need = _range_min(threshold)  # [r, G+1 (lo), G (hi)]: min of the threshold over N_lo..N_hi
+    need = _range_min(threshold).transpose(1, 2)  # [r, G (hi), G+1 (lo)]: min of the threshold over N_lo..N_hi
     # column k, bucket b (> 0) counts for the sizes g in [bucket(k), b - 1]
-    need_kb = need[:, of_rank, :].transpose(1, 2)  # [r, G, K]
+    need_kb = need[:, :, of_rank]  # [r, G, K]
     exact = bucket_max.to(torch.float64)
     candidates = (exact[:, 1:, :] >= need_kb).any(dim=1)  # [r, K]: columns to recompute
     for row in torch.nonzero(candidates.any(dim=-1)).flatten().tolist():

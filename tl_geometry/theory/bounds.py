@@ -286,7 +286,7 @@ class _RowBlock:
         self.n_keys, self.grid = n_keys, grid
         order = selection_order(weights)  # the selection order of definitions §2
         alpha = torch.gather(weights, -1, order)
-        v = torch.gather(values, -2, einops.repeat(order, "r k -> r k d", d=dim))
+        v = values[torch.arange(order.shape[0], device=order.device)[:, None], order]  # [r, K, d]
         norms = torch.linalg.vector_norm(v, dim=-1)
         a = alpha * norms  # a_t in selection order, [r, K]
         self.a = a
