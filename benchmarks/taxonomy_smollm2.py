@@ -7,11 +7,13 @@ a :class:`~tl_geometry.observers.SeparabilityObserver` and a
 layer (Figure 8) and how many labels change between the two halves; the sink-effect curve
 (Figure 6), the mean precision / recall per regime (Figure 11); the k-means clusters of the heads
 (silhouette per k, ARI of k = 3 with both modes); and the function by regime: the loss change
-of mean-ablating each head (``--ablation-seqs`` windows of ``--ablation-len`` tokens), with
-bootstrap intervals and a Kruskal-Wallis test.
+of mean-ablating each head and the localised loss of each head (its attention restricted to the
+top ``--localized-n`` keys, everything else full; both on ``--ablation-seqs`` windows of
+``--ablation-len`` tokens), with bootstrap intervals and a Kruskal-Wallis test.
 
     python benchmarks/taxonomy_smollm2.py                 # 16 windows of 512 tokens: ~2 min, + ~30 min mean-ablation
-    python benchmarks/taxonomy_smollm2.py --ablation-seqs 0   # without the mean-ablation
+    python benchmarks/taxonomy_smollm2.py --ablation-seqs 0   # without the mean-ablation and the localised loss
+    python benchmarks/taxonomy_smollm2.py --localized-n 0     # without the localised loss
     python benchmarks/taxonomy_smollm2.py --out runs/tax  # also write the tables as CSV
 """
 
@@ -38,6 +40,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: shared machine)")
     parser.add_argument("--ablation-seqs", type=int, default=4, help="windows of the mean-ablation (0: skip it)")
     parser.add_argument("--ablation-len", type=int, default=256, help="tokens per window of the mean-ablation")
+    parser.add_argument(
+        "--localized-n", type=int, default=8, help="keys kept per query in the localised loss (0: skip it)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="write features, heads, sink effect, PR curves as CSV")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -130,7 +135,7 @@ def main() -> None:
         print(f"\ncontingency, {mode} labels x k=3 clusters:")
         print(table.to_string())
 
-    ablation = None
+    ablation = local = None
     if args.ablation_seqs > 0:
         ab_corpus = tlg.corpus.python_docs(n_seqs=args.ablation_seqs, seq_len=args.ablation_len)
         ab_tokens = tlg.corpus_tokens(model, ab_corpus, info)
@@ -147,6 +152,21 @@ def main() -> None:
                 print(f"\n{mode} labels, {column} (mean and 95 % bootstrap interval of the mean):")
                 print(fn.table.round(5).to_string(index=False))
                 print(f"Kruskal-Wallis H = {fn.statistic:.3f}, p = {fn.pvalue:.4f}")
+        if args.localized_n > 0:
+            t0 = time.perf_counter()
+            local = tlg.localized_loss(model, ab_tokens, n=args.localized_n, unit="head", progress=False)
+            print(
+                f"\n== localised loss of each head (top-{args.localized_n} attention, deletion): "
+                f"{time.perf_counter() - t0:.0f} s; full loss {local.nll_full.iloc[0]:.4f} nats =="
+            )
+            for mode in ("strict", "nearest"):
+                fn = tlg.regime_function(features, local, heads=heads, mode=mode)
+                print(f"\n{mode} labels, delta_nll_rel (mean and 95 % bootstrap interval of the mean):")
+                print(fn.table.round(5).to_string(index=False))
+                print(f"Kruskal-Wallis H = {fn.statistic:.3f}, p = {fn.pvalue:.4f}")
+            both = ablation.merge(local[["layer", "head", "delta_nll_rel"]], on=["layer", "head"])
+            rho = both[["rel_delta", "delta_nll_rel"]].corr(method="spearman").iloc[0, 1]
+            print(f"Spearman across heads, mean-ablation rel_delta vs localised delta_nll_rel: {rho:.3f}")
 
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -159,6 +179,8 @@ def main() -> None:
         clusters.labels.to_csv(args.out / "clusters.csv", index=False)
         if ablation is not None:
             ablation.to_csv(args.out / "mean_ablation.csv", index=False)
+        if local is not None:
+            local.to_csv(args.out / "localized_loss.csv", index=False)
         print(f"\ntables written to {args.out}")
 
 
