@@ -8,6 +8,7 @@ keys, the first ``n`` kept, the rest zeroed, optionally divided by the kept sum.
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -66,3 +67,18 @@ def hf_nll(hf_model, tokens):
     with torch.inference_mode():
         logits = hf_model(tokens).logits
     return float(F.cross_entropy(logits[:, :-1].double().flatten(0, 1), tokens[:, 1:].flatten()))
+
+
+def ignoring_pattern_edits(bridge):
+    """A bridge whose hook_pattern fires but whose result is thrown away (as a native kernel would)."""
+    from transformer_lens.hook_points import HookPoint
+
+    class Ignoring(HookPoint):
+        def __call__(self, x, *args, **kwargs):
+            super().__call__(x, *args, **kwargs)
+            return x
+
+    model = copy.deepcopy(bridge)
+    for block in model.blocks:
+        block.attn.hook_pattern.__class__ = Ignoring
+    return model

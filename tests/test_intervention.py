@@ -10,7 +10,7 @@ import torch
 from conftest import byte_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from intervention_reference import hf_nll, hf_top_n, restrict_rows_by_sorting
+from intervention_reference import hf_nll, hf_top_n, ignoring_pattern_edits, restrict_rows_by_sorting
 
 import tl_geometry as tlg
 from tl_geometry.errors import InputError, ModelError
@@ -179,21 +179,6 @@ def test_restrict_pattern_equals_the_sorting_reference(n, renormalize, seed) -> 
 
 
 # ----------------------------------------------------------------------------- refusing
-
-
-def ignoring_pattern_edits(bridge):
-    """A bridge whose hook_pattern fires but whose result is thrown away (as a native kernel would)."""
-    from transformer_lens.hook_points import HookPoint
-
-    class Ignoring(HookPoint):
-        def __call__(self, x, *args, **kwargs):
-            super().__call__(x, *args, **kwargs)
-            return x
-
-    model = copy.deepcopy(bridge)
-    for block in model.blocks:
-        block.attn.hook_pattern.__class__ = Ignoring
-    return model
 
 
 def test_refuses_a_model_that_ignores_pattern_edits(pair, tokens) -> None:

@@ -8,12 +8,12 @@ import math
 import pandas as pd
 import pytest
 import torch
-from intervention_reference import hf_nll, hf_top_n
+from intervention_reference import hf_nll, hf_top_n, ignoring_pattern_edits
 from test_intervention import llama_pair
 
 import tl_geometry as tlg
 from tl_geometry.corpus import from_tokens
-from tl_geometry.errors import InputError
+from tl_geometry.errors import InputError, ModelError
 from tl_geometry.intervention import curve as curve_module
 from tl_geometry.intervention.curve import CURVE_COLUMNS, SparsificationCurve
 from tl_geometry.intervention.loss import corpus_nll
@@ -148,6 +148,21 @@ def test_one_token_windows_refused(pair, tmp_path) -> None:
     with pytest.raises(InputError, match="at least 2"):
         tlg.localized_loss(pair[1], from_tokens(torch.randint(3, 259, (4, 1))), progress=False)
     assert not out.exists()
+
+
+def test_model_ignoring_pattern_edits_refused_before_any_pass_nothing_written(
+    pair, windows, tmp_path, monkeypatch
+) -> None:
+    model = ignoring_pattern_edits(pair[1])
+    passes = []
+    monkeypatch.setattr(curve_module, "corpus_nll", lambda *a, **k: passes.append(1))
+    out = tmp_path / "curve"
+    with pytest.raises(ModelError, match='attn_implementation="eager"'):
+        tlg.sparsification_curve(model, from_tokens(windows), ns=[1], out_dir=out, progress=False)
+    with pytest.raises(ModelError, match='attn_implementation="eager"'):
+        tlg.localized_loss(model, from_tokens(windows), n=1, unit="layer", progress=False)
+    assert not out.exists() and not passes
+    assert all(len(p.fwd_hooks) == 0 for p in model.hook_dict.values())
 
 
 def test_localized_loss_by_layer_and_head(pair, windows) -> None:
