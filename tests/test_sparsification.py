@@ -225,3 +225,17 @@ def test_geometry_vs_function_across_heads() -> None:
 def test_geometry_vs_function_bad_input() -> None:
     with pytest.raises(InputError, match="SparsificationCurve or the table"):
         tlg.geometry_vs_function(pd.DataFrame({"f_at_rmax": [], "f_at_rmin": []}), [1, 2])
+
+
+def test_window_nll_takes_the_log_softmax_in_float64() -> None:
+    """Float32 logits over a large vocabulary: the per-window NLL equals a float64 cross-entropy (a
+    float32 log-softmax is off by ~1e-6 relative here, which is what the SmolLM2 reference caught)."""
+    from tl_geometry.intervention.loss import window_nll
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 33, 49152, generator=gen) * 8
+    tokens = torch.randint(0, 49152, (2, 33), generator=gen)
+    expected = torch.stack([
+        torch.nn.functional.cross_entropy(logits[b, :-1].double(), tokens[b, 1:], reduction="sum") for b in range(2)
+    ])  # fmt: skip
+    assert torch.allclose(window_nll(logits, tokens), expected, rtol=1e-13, atol=0)
