@@ -155,17 +155,23 @@ def decide(
         raise ValueError(f"a {screen} screen is too coarse for d = {y.shape[-1]}: its rounding bound does not hold")
     keys = _Keys.of(y, order, ns, distance, screen)
     n_batch = keys.bias.shape[0]
-    size_block = max(1, block_bytes // (n_batch * n_keys * torch.finfo(screen).bits // 8))
+    size_block = balanced_block(ns.shape[0], max(1, block_bytes // (n_batch * n_keys * torch.finfo(screen).bits // 8)))
     out = {name: torch.empty(n_batch, ns.shape[0], dtype=dtype, device=ns.device) for name, dtype in _RESULTS.items()}
     n_direct = 0
     ranks = torch.argsort(ns, stable=True)  # sizes by value, so that a block's in-keys are a short prefix
+    in_order = bool((ranks == torch.arange(ns.shape[0], device=ns.device)).all())
     for g0 in range(0, ns.shape[0], size_block):
-        sizes = ranks[g0 : g0 + size_block]
+        sizes: slice | Tensor = slice(g0, g0 + size_block) if in_order else ranks[g0 : g0 + size_block]
         part = _decide_sizes(keys, keys.centers[:, sizes], ns[sizes], eps)
         for name in _RESULTS:
             out[name][:, sizes] = getattr(part, name)
         n_direct += part.n_direct
     return Decided(**out, centers=keys.centers, n_direct=n_direct)
+
+
+def balanced_block(total: int, most: int) -> int:
+    """The block size that splits ``total`` items into as few blocks of at most ``most`` as can be, evenly."""
+    return -(-total // -(-total // most))
 
 
 _RESULTS = {"k_out": torch.int64, "k_in": torch.int64, "r_max": torch.float64, "r_min": torch.float64}
@@ -283,15 +289,16 @@ def _decide_group(
         j_star = _arg_masked(p[..., start:], group, start, largest=False)
     else:
         j_star = torch.zeros_like(i_star)
-    r_max = _at(keys, s, i_star, eps)
-    r_min = torch.where(full, torch.inf, _at(keys, s, j_star, eps))
-    lo, hi = _thresholds(keys, r_max, sigma)
+    r_max, r_min = _at(keys, torch.cat([s, s], dim=1), torch.cat([i_star, j_star], dim=-1), eps).chunk(2, dim=-1)
+    r_min = torch.where(full, torch.inf, r_min)
+    lo, hi = _thresholds(keys, torch.cat([r_max, r_min], dim=-1), torch.cat([sigma, sigma], dim=-1))
+    (lo, lo_inner), (hi, hi_inner) = lo.chunk(2, dim=-1), hi.chunk(2, dim=-1)
     lo_max = n_lo - (i_star < n_lo).to(torch.int64) + _count_below(p[..., n_lo:], lo)
     hi_max = n_lo + _count_below(m[..., n_lo:], hi)
     unsure = hi_max - lo_max != 1
     if n_lo > 0:  # the keys t < n_lo but i*: surely nearer than r_max unless their P says otherwise
         unsure |= _extreme_but(p[..., :n_lo], i_star, largest=True) >= lo
-    lo, hi = _thresholds(keys, r_min, sigma)
+    lo, hi = lo_inner, hi_inner
     lo_min = _count_below(p[..., :n_hi], lo)
     hi_min = (j_star >= n_hi).to(torch.int64) + _count_below(m[..., :n_hi], hi)
     unsure_min = hi_min - lo_min != 1
