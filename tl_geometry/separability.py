@@ -310,12 +310,8 @@ def _separability_rows(
         scale = _pow2(rows.length_exp()[block])[:, None, None] if distance == "euclidean" else 1.0
         out["r_max"][block] = decided.r_max.view(shape) * scale
         out["r_min"][block] = decided.r_min.view(shape) * scale
-        alpha = torch.gather(weights[:, None, :].expand_as(keys), -1, keys)  # sorted weights [r, draw, K]
-        mass = torch.cumsum(alpha, dim=-1)[..., ns - 1] * _pow2(rows.weight_exp[block])[:, None, None]
-        out["retained_mass"][block] = mass
-        z = y.sum(dim=1)[:, None, None, :]  # the head's output, [r, 1, 1, d]
-        centers = decided.centers.reshape(*shape, dim)
-        out["local_error_del"][block], out["local_error_ren"][block] = _local_errors(z, centers, mass)
+        local = _local_columns(weights, keys, ns, rows.weight_exp[block], y, decided.centers.reshape(*shape, dim))
+        out["retained_mass"][block], out["local_error_del"][block], out["local_error_ren"][block] = local
     out["f_at_rmax"] = 2 * out["precision"] / (1 + out["precision"])
     out["f_at_rmin"] = 2 * out["recall"] / (1 + out["recall"])
     return out
@@ -339,6 +335,18 @@ _FIELDS = [
     "precision", "recall", "r_min", "r_max", "f_at_rmax", "f_at_rmin",
     "retained_mass", "local_error_del", "local_error_ren",
 ]  # fmt: skip
+
+
+def _local_columns(
+    weights: Tensor, order: Tensor, ns: Tensor, weight_exp: Tensor, y: Tensor, centers: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``retained_mass``, ``local_error_del``, ``local_error_ren`` [r, draw, G] (definitions §7) of
+    rows ``weights`` [r, K] (scaled), orders [r, draw, K], contributions ``y`` [r, K, d] and
+    centres [r, draw, G, d]: a running sum of the sorted weights, and the output ``z`` once per row."""
+    alpha = torch.gather(weights[:, None, :].expand_as(order), -1, order)  # sorted weights [r, draw, K]
+    mass = torch.cumsum(alpha, dim=-1)[..., ns - 1] * _pow2(weight_exp)[:, None, None]
+    z = y.sum(dim=1)[:, None, None, :]  # the head's output, [r, 1, 1, d]
+    return mass, *_local_errors(z, centers, mass)
 
 
 def _local_errors(z: Tensor, centers: Tensor, mass: Tensor) -> tuple[Tensor, Tensor]:
