@@ -205,13 +205,14 @@ class _Keys:
         dim, n_batch, device = y.shape[-1], n_rows * n_draws, y.device
         euclidean = distance == "euclidean"
         # the contributions in selection order, feature-major [d, B, K]: a fast running sum along K
-        source = einops.rearrange(y, "r k d -> d r k").contiguous()[:, :, None, :]
+        # (2-D transposes: much faster than a copy of the permuted 3-D tensor)
+        source = y.reshape(-1, dim).t().contiguous().view(dim, n_rows, 1, n_keys)
         ordered = _WORKSPACE.get("ordered", (dim, n_rows, n_draws, n_keys), y.dtype, device)
         torch.gather(source.expand(dim, -1, n_draws, -1), -1, order[None].expand(dim, -1, -1, -1), out=ordered)
         ordered = ordered.view(dim, n_batch, n_keys)
         operand = _WORKSPACE.get("operand", (dim + int(euclidean), n_batch, n_keys), screen, device)
         operand[:dim] = ordered
-        centers = einops.rearrange(ordered.cumsum_(dim=-1)[..., ns - 1], "d b g -> b g d").contiguous()
+        centers = ordered.cumsum_(dim=-1)[..., ns - 1].reshape(dim, -1).t().contiguous().view(n_batch, -1, dim)
         unit = torch.finfo(screen).eps / 2
         coef = (dim + 16) * unit + (2 * dim + 24) * _U64
         key_sq = einops.einsum(y, y, "r k d, r k d -> r k")
