@@ -56,8 +56,8 @@ True
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import einops
 import torch
@@ -451,9 +451,10 @@ class _Screen:
         x = x.view(n_groups, n_keys, n_rows, n_sizes)  # <v_i, s> in the rows' scale
         w_t = einops.rearrange(w_rows, "p e k -> p k e 1").to(dtype)
         padding = torch.arange(n_keys, device=rank.device)[:, None] > q  # [K, E]
-        v_norm = _ldexp(
-            torch.linalg.vector_norm(rows.v, dim=-1)[:, :, None], -value_exp[:, None, :]
-        )  # [P, K, E]: ||v_i|| in each row's scale (float64)
+        # ||v_i|| in each row's scale, from the block's values (no overflow): [P, K, E] float64
+        # (0 for the rows not screened: their screening values are 0, every key is decided directly)
+        v_norm = _ldexp(torch.linalg.vector_norm(rows.v_block, dim=-1)[:, :, None], gap[:, None, :])
+        v_norm = torch.where(screened[:, None, :], v_norm, 0.0)
         s_norm = torch.linalg.vector_norm(centers, dim=-1)  # [P, E, G] float64
         y_max = (w_rows * einops.rearrange(v_norm, "p k e -> p e k")).amax(dim=-1)  # [P, E]
         unit = (dim + 8) * (torch.finfo(dtype).eps + torch.finfo(torch.float64).eps)
