@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import einops
@@ -208,8 +209,7 @@ def separability_queries(
     out = {name: torch.full(shape, torch.nan, dtype=torch.float64, device=device) for name in _COMPUTED}
     problem = _Problem(weights[..., : values.shape[1]], values.to(torch.float64), kv_head_of, q_t, grid, rank_by, distance, n_draws, seed,
                        row_keys, dtype)  # fmt: skip
-    for block in _blocks(queries, n_batch * n_heads * n_draws, values.shape[-1], grid, block_cells):
-        problem.solve(block, out)
+    _solve_all(problem, _blocks(queries, n_batch * n_heads * n_draws, values.shape[-1], grid, block_cells), out)
     # the F-scores of each draw, then means over the draws (definitions §7)
     out["f_at_rmax"] = 2 * out["precision"] / (1 + out["precision"])
     out["f_at_rmin"] = 2 * out["recall"] / (1 + out["recall"])
@@ -272,6 +272,28 @@ def _blocks(queries: tuple[int, ...], rows_per_query: int, dim: int, grid: _Grid
         top = keys
     blocks.append(current)
     return [torch.tensor(b, dtype=torch.int64) for b in blocks]
+
+
+def _solve_all(problem: "_Problem", blocks: list[Tensor], out: dict[str, Tensor]) -> None:
+    """Solve every block. On the CPU with several torch threads, whole blocks go to the threads
+    (one intra-op thread each; the blocks write disjoint queries): a block is dozens of tensor
+    operations of a few milliseconds, and splitting each of them across threads costs a barrier
+    per operation, which on a shared machine waits for the slowest core every time."""
+    threads = torch.get_num_threads()
+    if threads <= 1 or len(blocks) <= 1 or problem.weights.device.type != "cpu":
+        for block in blocks:
+            problem.solve(block, out)
+        return
+
+    def solve(block: Tensor) -> None:
+        torch.set_num_threads(1)  # this worker's operations run on it alone
+        problem.solve(block, out)
+
+    try:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            list(pool.map(solve, blocks))
+    finally:
+        torch.set_num_threads(threads)
 
 
 @dataclass
@@ -486,26 +508,21 @@ class _Screen:
         """``K_out``, ``K_in``, ``r_max``, ``r_min`` (scaled): four [P, E, G]."""
         e_in, e_out, band = self.e_in, self.e_out, self.band
         n_keys = e_in.shape[1]
-        e_max, i_max = e_in.max(dim=1)  # [P, E, G]
-        e_min, j_min = e_out.min(dim=1)
+        has_out = (self.q[:, None] + 1) > self.ns  # [E, G]: some real key is left out
         n_unselected = n_keys - self.ns  # keys at -inf in e_in (padding included), [E, G]
-        n_out = (self.q[:, None] + 1) - self.ns  # real keys left out
+        e_max, e_min = e_in.amax(dim=1), e_out.amin(dim=1)  # [P, E, G]; e_min = +inf without others
         lo_max, hi_max = e_max - band, e_max + band
-        lo_min, hi_min = e_min - band, e_min + band
-        out_lo, out_hi = (e_out < lo_max[:, None]).sum(1), (e_out <= hi_max[:, None]).sum(1)
-        in_lo = (e_in < lo_min[:, None]).sum(1) - n_unselected
-        in_hi = (e_in <= hi_min[:, None]).sum(1) - n_unselected
-        r_max, r_min = self._at(i_max), self._at(j_min)
-        near_max = e_in >= lo_max[:, None]
-        unsure_max = near_max.sum(1) > 1
-        if bool(unsure_max.any()):
-            r_max = torch.where(unsure_max, self._extreme(near_max & unsure_max[:, None], "amax"), r_max)
-        has_out = n_out > 0
-        near_min = e_out <= hi_min[:, None]
-        unsure_min = (near_min.sum(1) > 1) & has_out
-        if bool(unsure_min.any()):
-            r_min = torch.where(unsure_min, self._extreme(near_min & unsure_min[:, None], "amin"), r_min)
-        r_min = torch.where(has_out, r_min, torch.inf)
+        # nothing left out: r_min = +inf holds every selected key, and no key is near it
+        lo_min = torch.where(has_out, e_min - band, torch.inf)
+        hi_min = torch.where(has_out, e_min + band, -torch.inf)
+        # K_out: the others within r_max; K_in: the selected within r_min (e_in < t also counts the
+        # n_unselected keys at -inf); each certain outside the band
+        out_lo, out_hi = _count(e_out < lo_max[:, None]), _count(e_out <= hi_max[:, None])
+        in_lo = _count(e_in < lo_min[:, None]) - n_unselected
+        in_hi = torch.where(has_out, _count(e_in <= hi_min[:, None]) - n_unselected, in_lo)
+        # radii: direct distances at the extreme key and at every key near it (usually none)
+        r_max = self._extreme(e_in >= lo_max[:, None], "amax")
+        r_min = self._extreme(e_out <= hi_min[:, None], "amin")  # +inf where nothing is left out
         k_out, k_in = out_lo, in_lo
         unsure_out, unsure_in = out_lo != out_hi, in_lo != in_hi
         if bool(unsure_out.any()):
@@ -527,14 +544,6 @@ class _Screen:
         norm_y, norm_s = torch.linalg.vector_norm(y, dim=-1), torch.linalg.vector_norm(s, dim=-1)
         return _cosine(dot, norm_y, norm_s, self.eps[group, row])
 
-    def _at(self, key: Tensor) -> Tensor:
-        """Direct distance of key ``key[p, e, g]`` from its ``s``: [P, E, G]."""
-        group, row, size = (torch.arange(n, device=key.device) for n in key.shape)
-        grid = torch.meshgrid(group, row, size, indexing="ij")
-        return self._distances(grid[0].reshape(-1), key.reshape(-1), grid[1].reshape(-1), grid[2].reshape(-1)).view(
-            key.shape
-        )
-
     def _extreme(self, mask: Tensor, reduce: str) -> Tensor:
         """Max / min direct distance over the keys of ``mask`` [P, K, E, G]: [P, E, G]."""
         group, key, row, size = mask.nonzero(as_tuple=True)
@@ -552,6 +561,11 @@ class _Screen:
         n_groups, _, n_rows, n_sizes = mask.shape
         out = torch.zeros(n_groups * n_rows * n_sizes, dtype=torch.int64, device=mask.device)
         return out.index_add_(0, (group * n_rows + row) * n_sizes + size, hits).view(n_groups, n_rows, n_sizes)
+
+
+def _count(mask: Tensor) -> Tensor:
+    """``mask.sum(dim=1)`` for a bool mask, as int64 (through uint8 and int32: several times faster)."""
+    return mask.view(torch.uint8).sum(dim=1, dtype=torch.int32).to(torch.int64)
 
 
 def _ldexp(x: Tensor, exponents: Tensor) -> Tensor:
