@@ -164,6 +164,25 @@ def test_blocks_do_not_change_anything() -> None:
         torch.testing.assert_close(getattr(one, name), getattr(big, name), rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("inference", [False, True])
+def test_blocks_on_several_threads(inference: bool) -> None:
+    """Whole blocks on two threads (inside a forward pass's inference mode too) give the same rows."""
+    weights, values = layer_rows("sink", 16, seed=8)
+    positions = list(range(16))
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            with torch.inference_mode(inference):
+                results.append(separability_queries(weights, values, positions, kv_heads(4, 2), "log", block_cells=500))
+            assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+    for name in [*COUNTED, *MEASURED]:
+        torch.testing.assert_close(getattr(results[0], name), getattr(results[1], name), rtol=0, atol=0, equal_nan=True)
+
+
 def test_weights_after_the_query_are_ignored() -> None:
     """Keys after q are not the row's: whatever the pattern holds there (even NaN) changes nothing."""
     weights, values = layer_rows("random", 8, seed=6)

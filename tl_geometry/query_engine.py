@@ -285,9 +285,12 @@ def _solve_all(problem: "_Problem", blocks: list[Tensor], out: dict[str, Tensor]
             problem.solve(block, out)
         return
 
-    def solve(block: Tensor) -> None:
+    inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+
+    def solve(block: Tensor) -> None:  # in the caller's autograd modes (they are per thread)
         torch.set_num_threads(1)  # this worker's operations run on it alone
-        problem.solve(block, out)
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            problem.solve(block, out)
 
     try:
         with ThreadPoolExecutor(max_workers=threads) as pool:
