@@ -56,9 +56,11 @@ True
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 
 import einops
 import torch
@@ -196,6 +198,18 @@ def separability_queries(
         raise InputError(f"kv_head_of must give one key/value head in 0..{values.shape[2] - 1} per query head")
     if row_keys is not None and tuple(row_keys.shape) != (n_batch, n_heads, n_queries):
         raise InputError(f"row_keys must have shape {(n_batch, n_heads, n_queries)}, one key per row")
+    with _block_threads(weights.device) as workers:  # see _solve_all
+        return _compute(weights, values, queries, kv_head_of, ns, rank_by, distance, n_random, seed, row_keys,
+                        dtype, block_cells, workers)  # fmt: skip
+
+
+def _compute(
+    weights: Tensor, values: Tensor, queries: tuple[int, ...], kv_head_of: Tensor, ns: NsLike, rank_by: str,
+    distance: str, n_random: int, seed: int, row_keys: Tensor | None, dtype: torch.dtype, block_cells: int,
+    workers: int,
+) -> QueryRows:  # fmt: skip
+    """:func:`separability_queries` after its checks."""
+    n_batch, n_heads, n_queries, n_pos = weights.shape
     device = weights.device
     q_t = torch.tensor(queries, dtype=torch.int64, device=device)
     causal = torch.arange(n_pos, device=device) <= q_t[:, None]  # [query, key]
@@ -207,16 +221,16 @@ def separability_queries(
     n_draws = n_random if rank_by == "random" else 1
     shape = (n_batch, n_heads, n_queries, n_draws, grid.ns.shape[1])
     out = {name: torch.full(shape, torch.nan, dtype=torch.float64, device=device) for name in _COMPUTED}
-    problem = _Problem(weights[..., : values.shape[1]], values.to(torch.float64), kv_head_of, q_t, grid, rank_by, distance, n_draws, seed,
-                       row_keys, dtype)  # fmt: skip
-    _solve_all(problem, _blocks(queries, n_batch * n_heads * n_draws, values.shape[-1], grid, block_cells), out)
+    problem = _Problem(weights[..., : values.shape[1]], values.to(torch.float64), kv_head_of, q_t, grid, rank_by,
+                       distance, n_draws, seed, row_keys, dtype)  # fmt: skip
+    blocks = _blocks(queries, n_batch * n_heads * n_draws, values.shape[-1], grid, block_cells)
+    _solve_all(problem, blocks, out, workers)
     # the F-scores of each draw, then means over the draws (definitions §7)
     out["f_at_rmax"] = 2 * out["precision"] / (1 + out["precision"])
     out["f_at_rmin"] = 2 * out["recall"] / (1 + out["recall"])
     nan = torch.tensor(torch.nan, dtype=torch.float64, device=device)
     metrics = {
-        name: torch.where(grid.valid, einops.reduce(x, "b h q draw n -> b h q n", "mean"), nan)
-        for name, x in out.items()
+        name: torch.where(grid.valid, x[:, :, :, 0] if n_draws == 1 else x.mean(dim=3), nan) for name, x in out.items()
     }
     return QueryRows(
         query_positions=queries, ns=torch.where(grid.valid, grid.ns, 0), valid=grid.valid,
@@ -249,12 +263,23 @@ class _Grid:
 
     @classmethod
     def of(cls, ns: NsLike, queries: tuple[int, ...], device: torch.device) -> "_Grid":
-        grids = {k: resolve_ns(ns, k) for k in sorted({q + 1 for q in queries})}
-        width = max(g.shape[0] for g in grids.values())
-        padded = torch.stack([torch.cat([g, g.new_full((width - g.shape[0],), k)]) for k, g in grids.items()])
-        valid = torch.stack([torch.arange(width) < g.shape[0] for g in grids.values()])
-        index = torch.tensor([list(grids).index(q + 1) for q in queries], dtype=torch.int64)
-        return cls(padded[index].to(device), valid[index].to(device))
+        if isinstance(ns, (str, type(None))):
+            key: object = ns
+        else:
+            key = tuple(int(n) for n in (ns.tolist() if hasattr(ns, "tolist") else ns))
+        padded, valid = _grids(key, queries)  # every layer of a run asks for the same grids
+        return cls(padded.to(device), valid.to(device))
+
+
+@lru_cache(maxsize=16)
+def _grids(ns: object, queries: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+    """Each query's grid ``resolve_ns(ns, q + 1)`` padded with ``N = K``, and where it is valid."""
+    grids = {k: resolve_ns(ns, k) for k in sorted({q + 1 for q in queries})}
+    width = max(g.shape[0] for g in grids.values())
+    padded = torch.stack([torch.cat([g, g.new_full((width - g.shape[0],), k)]) for k, g in grids.items()])
+    valid = torch.stack([torch.arange(width) < g.shape[0] for g in grids.values()])
+    index = torch.tensor([list(grids).index(q + 1) for q in queries], dtype=torch.int64)
+    return padded[index], valid[index]
 
 
 def _blocks(queries: tuple[int, ...], rows_per_query: int, dim: int, grid: _Grid, block_cells: int) -> list[Tensor]:
@@ -274,17 +299,32 @@ def _blocks(queries: tuple[int, ...], rows_per_query: int, dim: int, grid: _Grid
     return [torch.tensor(b, dtype=torch.int64) for b in blocks]
 
 
-def _solve_all(problem: "_Problem", blocks: list[Tensor], out: dict[str, Tensor]) -> None:
-    """Solve every block. On the CPU with several torch threads, whole blocks go to the threads
-    (one intra-op thread each; the blocks write disjoint queries): a block is dozens of tensor
-    operations of a few milliseconds, and splitting each of them across threads costs a barrier
-    per operation, which on a shared machine waits for the slowest core every time."""
+@contextmanager
+def _block_threads(device: torch.device) -> Iterator[int]:
+    """How many threads solve whole blocks (torch's intra-op threads on the CPU, else 1), with torch
+    itself set to one intra-op thread meanwhile (restored after).
+
+    A block is dozens of tensor operations of a few milliseconds each; splitting each of them
+    across threads costs a barrier per operation, which on a shared machine waits for the slowest
+    core every time. Whole blocks per thread avoid that; the blocks write disjoint queries.
+    """
     threads = torch.get_num_threads()
-    if threads <= 1 or len(blocks) <= 1 or problem.weights.device.type != "cpu":
+    if device.type != "cpu" or threads <= 1:
+        yield 1
+        return
+    torch.set_num_threads(1)
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _solve_all(problem: "_Problem", blocks: list[Tensor], out: dict[str, Tensor], workers: int) -> None:
+    """Solve every block, on ``workers`` threads (see :func:`_block_threads`)."""
+    if workers <= 1 or len(blocks) <= 1:
         for block in blocks:
             problem.solve(block, out)
         return
-
     inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
 
     def solve(block: Tensor) -> None:  # in the caller's autograd modes (they are per thread)
@@ -292,11 +332,8 @@ def _solve_all(problem: "_Problem", blocks: list[Tensor], out: dict[str, Tensor]
         with torch.inference_mode(inference), torch.set_grad_enabled(grad):
             problem.solve(block, out)
 
-    try:
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            list(pool.map(solve, blocks))
-    finally:
-        torch.set_num_threads(threads)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(solve, blocks))
 
 
 @dataclass
