@@ -283,14 +283,18 @@ def _grids(ns: object, queries: tuple[int, ...]) -> tuple[Tensor, Tensor]:
 
 
 def _blocks(queries: tuple[int, ...], rows_per_query: int, dim: int, grid: _Grid, block_cells: int) -> list[Tensor]:
-    """Query indices in blocks of nearby positions, each within ``block_cells`` (one query at least)."""
+    """Query indices in blocks of nearby positions, each within ``block_cells`` (one query at least),
+    none padding its shortest row by more than a quarter (plus 8 keys)."""
     by_position = sorted(range(len(queries)), key=lambda j: queries[j])
     width = grid.valid.sum(dim=1).tolist()
-    blocks, current, top = [], [], 0
+    blocks: list[list[int]] = []
+    current: list[int] = []
+    top = 0
     for j in by_position:
         keys = max(top, queries[j] + 1)
         sizes = max([width[i] for i in current] + [width[j]])
-        if current and rows_per_query * (len(current) + 1) * keys * (sizes + dim) > block_cells:
+        too_long = current and keys > (queries[current[0]] + 1) * 5 // 4 + 8
+        if current and (too_long or rows_per_query * (len(current) + 1) * keys * (sizes + dim) > block_cells):
             blocks.append(current)
             current, keys = [], queries[j] + 1
         current.append(j)

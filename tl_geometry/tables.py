@@ -93,8 +93,10 @@ def query_rows_table(
     >>> m = {"recall": torch.arange(8.0).reshape(1, 2, 2, 2)}
     >>> ns, valid = torch.tensor([[1, 0], [1, 2]]), torch.tensor([[True, False], [True, True]])
     >>> t = query_rows_table(torch.tensor([7]), 3, [0, 1], ns, valid, torch.tensor([0, 0]), m)
-    >>> t[["head", "query_pos", "n", "recall"]].values.tolist()
-    [[0, 0, 1, 0.0], [1, 0, 1, 4.0], [0, 1, 1, 2.0], [0, 1, 2, 3.0], [1, 1, 1, 6.0], [1, 1, 2, 7.0]]
+    >>> t[["head", "query_pos", "n"]].values.tolist()
+    [[0, 0, 1], [1, 0, 1], [0, 1, 1], [0, 1, 2], [1, 1, 1], [1, 1, 2]]
+    >>> t.recall.tolist()
+    [0.0, 4.0, 2.0, 3.0, 6.0, 7.0]
     """
     first = next(iter(metrics.values()))
     b, h, q, n = first.shape
@@ -102,7 +104,7 @@ def query_rows_table(
     keep = valid.cpu().numpy()[:, None, None, :].repeat(b, 1).repeat(h, 2).reshape(-1)
 
     def column(x: np.ndarray, axis: int) -> np.ndarray:
-        index = [None] * 4
+        index: list[slice | None] = [None] * 4
         index[axis] = slice(None)
         return np.broadcast_to(x[tuple(index)], shape).reshape(-1)[keep]
 
