@@ -127,7 +127,10 @@ def main() -> None:
     parser.add_argument("--n-seqs", type=int, default=4)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=2, help="runs per setting, the best is kept (default 2)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     global REPEATS
     REPEATS = args.repeats
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cpus")

@@ -181,6 +181,19 @@ def test_large_norms_give_nontrivial_lower_bounds_matching_reference():
     assert ((inner > 0.05) & (inner < 0.999)).any()
 
 
+def test_matches_reference_with_repeated_and_near_equal_values():
+    # repeated tokens give equal value vectors (cosine 1) and near-equal ones (cosines the float32
+    # screen of the cosines cannot separate): every field still matches the loop reference
+    g = torch.Generator().manual_seed(11)
+    k_keys, d = 40, 16
+    weights = torch.softmax(2 * torch.randn(2, k_keys, generator=g, dtype=torch.float64), dim=-1)
+    values = torch.randn(2, k_keys, d, generator=g, dtype=torch.float64) * 3
+    values[:, 10:20] = values[:, :10]
+    values[:, 20:30] = values[:, :10] * (1 + 1e-9 * torch.randn(2, 10, d, generator=g, dtype=torch.float64))
+    assert_matches_reference(weights, values, 0.5)
+    assert_matches_reference(weights, values, 0.5, ns="log")
+
+
 def brute_upper(weights, values, kappa=0.5):
     """Upper bounds with the full [N, K-N] pair matrix per N (torch, loop over N only)."""
     w, v = weights.double(), values.double()

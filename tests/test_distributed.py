@@ -97,9 +97,11 @@ def _env(extra: dict[str, str] | None = None, hook_dir: Path | None = None) -> d
     return env
 
 
-def _run(launcher: list[str], args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+def _run(
+    launcher: list[str], args: list[str], env: dict[str, str], command: str = "run"
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*launcher, "-m", "tl_geometry", "run", *args, "--no-progress"],
+        [*launcher, "-m", "tl_geometry", command, *args, "--no-progress"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
 
@@ -164,3 +166,51 @@ def test_torchrun_smollm2_equals_one_process(tmp_path: Path) -> None:
     two = _run(TORCHRUN, [*args, "--out", str(tmp_path / "two")], _env())
     assert two.returncode == 0, two.stderr[-2000:]
     _assert_same_tables(tmp_path / "one", tmp_path / "two")
+
+
+# ----------------------------------------------------------------------------- sparsification curve
+
+
+def test_sharded_loss_sums_equal_one_pass() -> None:
+    """Two shards' per-window sums, merged, give one pass's float64 total bit for bit (batch size 1),
+    and the windows reach the intervention with their indices in the corpus."""
+    import torch
+
+    from tl_geometry.intervention.loss import corpus_nll
+    from tl_geometry.testing import tiny_llama_bridge
+
+    model = tiny_llama_bridge()
+    tokens = torch.randint(3, 259, (5, 12), generator=torch.Generator().manual_seed(0))
+    one = corpus_nll(model, tokens, batch_size=1, progress=False)
+    seen: list[list[int]] = []
+    first: dict[int, float] = {}
+
+    def keep(part: dict[int, float]) -> dict[int, float]:
+        first.update(part)
+        return part
+
+    with pytest.raises(InputError, match="do not cover every window"):
+        corpus_nll(model, tokens, 1, False, windows=shard_windows(5, 0, 2), gather=keep)
+    merged = corpus_nll(
+        model, tokens, 1, False, before_batch=lambda ids: seen.append(ids.tolist()),
+        windows=shard_windows(5, 1, 2), gather=lambda part: {**first, **part},
+    )  # fmt: skip
+    assert seen == [[1], [3]]
+    assert merged == one  # total and n_tokens
+    assert merged.total != corpus_nll(model, tokens[:4], batch_size=1, progress=False).total
+
+
+@pytest.mark.slow
+def test_torchrun_sparsify_equals_one_process(tiny_dir: Path, tmp_path: Path) -> None:
+    args = ["--model", str(tiny_dir), "--n-seqs", "5", "--seq-len", "24", "--ns", "1,2,4,24", "--batch-size", "1",
+            "--rank-by", "attention,random", "--local-n", "2", "--no-geometry"]  # fmt: skip
+    # (no --local: torchrun's own parser reads it as an ambiguous abbreviation of its --local-addr)
+    one = _run([sys.executable], [*args, "--out", str(tmp_path / "one")], _env(), command="sparsify")
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = _run(TORCHRUN, [*args, "--out", str(tmp_path / "two")], _env(), command="sparsify")
+    assert two.returncode == 0, two.stderr[-2000:]
+    for name in ("curve.csv", "n_star.csv", "local.csv"):
+        a, b = pd.read_csv(tmp_path / "one" / name), pd.read_csv(tmp_path / "two" / name)
+        pd.testing.assert_frame_equal(a, b, check_exact=True)
+    curve = pd.read_csv(tmp_path / "two" / "curve.csv")
+    assert (curve.n_tokens == 5 * 23).all() and (curve.delta_nll_rel[curve.n < 24] != 0).any()

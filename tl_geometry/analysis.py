@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -33,6 +34,7 @@ from .diagnostics import DiagnosticsObserver
 from .errors import InputError
 from .models import ModelInfo, describe_model, load_model
 from .observers import LOCAL_ERROR_METRICS, SEPARABILITY_METRICS, Observer, RowObserver, SeparabilityObserver
+from .rows_on_disk import RowsOnDisk
 from .selection import NsLike
 from .settings import AnalysisSettings
 from .store import RunStore, run_identity
@@ -43,6 +45,8 @@ from .theory.observer import BoundsObserver, envelopes
 
 #: Version of the layout :meth:`AnalysisResult.save` writes (recorded in ``result.json``).
 RESULT_FORMAT = 1
+#: Key order of the rows of ``AnalysisResult.separability`` (``rank_by`` in the order of the settings).
+ROW_ORDER = ["seq", "layer", "head", "query_pos", "rank_by", "n"]
 
 
 @dataclass
@@ -148,6 +152,13 @@ class AnalysisResult:
         :func:`tl_geometry.taxonomy.classify_heads` for the thresholds and the columns."""
         return classify_heads(self, mode=mode, query_pos=query_pos, **thresholds)
 
+    def __getattribute__(self, name: str) -> Any:
+        value = object.__getattribute__(self, name)
+        if name == "separability" and isinstance(value, RowsOnDisk):  # a run with out_dir: read on first use
+            value = value.load()
+            object.__setattr__(self, name, value)
+        return value
+
     def tables(self) -> dict[str, pd.DataFrame]:
         """Every table this result holds, by attribute name (those not computed are left out)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), pd.DataFrame)}
@@ -158,18 +169,25 @@ class AnalysisResult:
         :func:`load_result` reads it back. ``result.json`` is written last."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        for name, table in self.tables().items():
-            write_atomic(out / f"{name}.parquet", functools.partial(table.to_parquet, index=False))
+        for f in fields(self):
+            table = object.__getattribute__(self, f.name)  # rows still on disk are copied, not read
+            if isinstance(table, RowsOnDisk):
+                write_atomic(out / f"{f.name}.parquet", functools.partial(shutil.copyfile, table.path))
+            elif isinstance(table, pd.DataFrame):
+                write_atomic(out / f"{f.name}.parquet", functools.partial(table.to_parquet, index=False))
         write_atomic(out / "tokens.npy", lambda p: np.save(p.open("wb"), self.tokens.cpu().numpy()))
         meta = {"format": RESULT_FORMAT, "model": asdict(self.model), "config": self.config, "timings": self.timings}
         write_json_atomic(out / "result.json", meta)
         return out
 
     def __repr__(self) -> str:
-        s = self.separability
+        s = object.__getattribute__(self, "separability")
+        layers, n_rows = (
+            (s.n_layers, s.n_rows) if isinstance(s, RowsOnDisk) else (s.layer.nunique() if len(s) else 0, len(s))
+        )
         return (
             f"AnalysisResult(model={self.model.name!r}, seqs={self.tokens.shape[0]}, seq_len={self.tokens.shape[1]}, "
-            f"layers={s.layer.nunique() if len(s) else 0}, heads={self.model.n_heads}, rows={len(s)})"
+            f"layers={layers}, heads={self.model.n_heads}, rows={n_rows})"
         )
 
 
@@ -458,7 +476,11 @@ def run_analysis(
         raise
     total_s = time.perf_counter() - start
     empty = empty_table(wiring.columns())
-    table = store.read(empty) if store is not None else (pd.concat(kept, ignore_index=True) if kept else empty)
+    table: pd.DataFrame | RowsOnDisk
+    if store is not None:  # merged on disk, one part at a time: memory does not grow with the windows
+        table = store.merge_rows(ROW_ORDER, list(plan.settings.rank_by), empty)
+    else:
+        table = pd.concat(kept, ignore_index=True) if kept else empty
     timings = {"total_s": total_s, "analysis_s": analysis_s, "forward_s": total_s - analysis_s}
     return _assemble(plan, wiring, table, timings)
 
@@ -535,20 +557,25 @@ def _run_batches(
     return kept, sum(spent)
 
 
-def _assemble(plan: AnalysisPlan, wiring: _Wiring, table: pd.DataFrame, timings: dict) -> AnalysisResult:
-    """The :class:`AnalysisResult`: the rows in key order and the accumulators' tables."""
-    order = {name: i for i, name in enumerate(plan.settings.rank_by)}
-    table = table.sort_values(
-        ["seq", "layer", "head", "query_pos", "rank_by", "n"],
-        key=lambda c: c.map(order) if c.name == "rank_by" else c,
-        kind="stable",
-    ).reset_index(drop=True)
+def _assemble(plan: AnalysisPlan, wiring: _Wiring, table: pd.DataFrame | RowsOnDisk, timings: dict) -> AnalysisResult:
+    """The :class:`AnalysisResult`: the rows in key order (or on disk, already in that order) and
+    the accumulators' tables."""
+    rows = table
+    if isinstance(table, pd.DataFrame):
+        order = {name: i for i, name in enumerate(plan.settings.rank_by)}
+        table = table.sort_values(
+            ROW_ORDER, key=lambda c: c.map(order) if c.name == "rank_by" else c, kind="stable"
+        ).reset_index(drop=True)
+        rows = table
     extra = wiring.diagnostics.tables().as_dict() if wiring.diagnostics is not None else {}
     if wiring.taxonomy is not None:
         extra["regime_features"] = wiring.taxonomy.features()
-    return AnalysisResult(
-        separability=table, model=plan.info, config=plan.config(), tokens=plan.tokens, timings=timings, **extra
+    placeholder = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame()
+    result = AnalysisResult(
+        separability=placeholder, model=plan.info, config=plan.config(), tokens=plan.tokens, timings=timings, **extra
     )
+    object.__setattr__(result, "separability", rows)  # RowsOnDisk: read when first used
+    return result
 
 
 def corpus_tokens(model: Any, corpus: Corpus | TokenCorpus, info: ModelInfo | None = None) -> Tensor:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from .errors import TLGeometryError
 
@@ -92,8 +93,28 @@ def _check_out(args: argparse.Namespace) -> Path:
 
 
 def sparsify_command(args: argparse.Namespace) -> int:
+    """Under torchrun the curve's windows are sharded as in ``tl-geometry run`` (gloo): every rank
+    measures its windows of every point, the per-window NLL sums are merged on every rank, and rank 0
+    alone writes the files and runs the localised loss and the geometry pass."""
+    from .distributed import World
+
     options = _options(args)
-    out = _check_out(args)
+    out = _check_out(args)  # every rank, before any of them claims the directory
+    world = World.from_env()
+    if world is not None and world.size == 1:
+        world = None
+    if world is None:
+        return _sparsify(args, options, out, None)
+    import torch
+
+    world.start(torch.device("cpu"))  # a rendezvous: every rank has checked --out by now
+    try:
+        return _sparsify(args, options, out, world)
+    finally:
+        world.stop()
+
+
+def _sparsify(args: argparse.Namespace, options: dict, out: Path, world: Any) -> int:
     from .cli import EXIT_INTERRUPTED, _claim_out, _command_line, _corpus, _resume_command
 
     corpus = _corpus(args)
@@ -102,15 +123,21 @@ def sparsify_command(args: argparse.Namespace) -> int:
     from .report.sparsification import write_sparsify_report
     from .store import StoreError
 
+    main_process = world is None or world.is_main
     print(f"loading {args.model} ...", file=sys.stderr)
     model = tlg.load_model(args.model)
-    _claim_out(out, args)
-    progress = not args.no_progress
+    if main_process:
+        _claim_out(out, args)
+    if world is not None:
+        world.barrier()
+    progress = not args.no_progress and main_process
     try:
         curve = tlg.sparsification_curve(model, corpus, ns=options["ns"], rank_by=options["rank_by"],
                                          renormalize=options["renormalize"], seed=args.seed, batch_size=args.batch_size,
-                                         out_dir=out, progress=progress)  # fmt: skip
+                                         out_dir=out, progress=progress, world=world)  # fmt: skip
         n_star = curve.effective_set_size(args.tolerance, refine=not args.no_refine)
+        if not main_process:
+            return 0
     except StoreError as exc:
         raise TLGeometryError(f"{exc}; or start over with --force") from None
     except KeyboardInterrupt:

@@ -125,6 +125,12 @@ class World:
         """This rank's store: ``progress/shard-RRRRR-of-WWWWW``."""
         return progress / SHARD_PATTERN.format(rank=self.rank, size=self.size)
 
+    def merge_dicts(self, part: dict) -> dict:
+        """Every rank's ``part`` merged into one dict, on every rank (``all_gather_object``)."""
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, part)
+        return {key: value for other in out for key, value in other.items()}
+
     def gather(self, payload: Any) -> list[Any] | None:
         """Every rank's ``payload`` on rank 0 (in rank order), None on the others."""
         out = [None] * self.size if self.is_main else None

@@ -4,6 +4,7 @@ Layout of ``directory``::
 
     progress.json                   format, identity, sequences done, parts, state files
     separability/part-AAAAAA-BBBBBB.parquet    the rows of one batch
+    separability.parquet            every row in key order, merged from the parts when the run ends
     state/NAME-NNNNNN.pt            the accumulators' states after NNNNNN sequences
 
 A part and the states are written (aside, then renamed) before ``progress.json`` records them, so
@@ -34,12 +35,15 @@ from torch import Tensor
 from ._files import write_atomic
 from .errors import InputError
 from .models import ModelInfo
+from .rows_on_disk import RowsOnDisk, merge_parts
 from .settings import AnalysisSettings, describe_differences
 
 #: Version of the store's layout and of ``progress.json``.
 STORE_FORMAT = 1
 PROGRESS_FILE = "progress.json"
 PARTS_DIR = "separability"
+#: Every saved row in key order, merged from the parts when a run ends (:meth:`RunStore.merge_rows`).
+ROWS_FILE = "separability.parquet"
 STATES_DIR = "state"
 
 
@@ -166,6 +170,11 @@ class RunStore:
         """Every saved row, part after part (``empty`` when nothing is saved)."""
         frames = [self._read_part(name) for name in self.progress["parts"]]
         return pd.concat(frames, ignore_index=True) if frames else empty
+
+    def merge_rows(self, key: list[str], rank_order: list[str], empty: pd.DataFrame) -> RowsOnDisk:
+        """Every saved row in ``key`` order, written to ``ROWS_FILE`` one part at a time (not held in memory)."""
+        return merge_parts([self.parts_dir / name for name in self.progress["parts"]], self.dir / ROWS_FILE, key,
+                           rank_order, empty)  # fmt: skip
 
     # ------------------------------------------------------------------ writing
     def write(self, seq_ids: list[int], table: pd.DataFrame, states: dict[str, dict]) -> None:

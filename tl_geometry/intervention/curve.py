@@ -182,8 +182,9 @@ class SparsificationCurve:
 class _CurveStore:
     """``out_dir/curve.json``: identity, full NLL and every point, rewritten atomically after each point."""
 
-    def __init__(self, out_dir: Path | None, identity: dict, resume: bool) -> None:
+    def __init__(self, out_dir: Path | None, identity: dict, resume: bool, writes: bool = True) -> None:
         self.path = None if out_dir is None else Path(out_dir) / CURVE_FILE
+        self.writes = writes  # under torchrun only rank 0 writes (every rank reads, to resume)
         self.identity = identity
         self.full: dict | None = None
         self.rows: list[dict] = []
@@ -208,7 +209,7 @@ class _CurveStore:
         return None
 
     def save(self) -> None:
-        if self.path is None:
+        if self.path is None or not self.writes:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.path, {"format": 1, "identity": self.identity, "full": self.full, "rows": self.rows})
@@ -237,6 +238,7 @@ def sparsification_curve(
     out_dir: str | Path | None = None,
     resume: bool = True,
     progress: bool = True,
+    world: Any = None,
 ) -> SparsificationCurve:
     """Measure ``delta_nll_rel(N)`` for every ranking, renormalisation flag and size (definitions §8).
 
@@ -252,6 +254,11 @@ def sparsification_curve(
     out_dir : write ``curve.json`` there as points are measured, and resume from it.
     resume : False starts over even if ``out_dir`` holds a curve.
     progress : show progress bars.
+    world : a started :class:`tl_geometry.distributed.World` (torchrun), or None. Each process runs
+        the windows ``i % world.size == world.rank`` (as ``tl-geometry run``), the per-window float64
+        NLL sums are gathered by every process and summed in one process's order, so every point
+        equals a one-process curve's (exactly with ``batch_size=1``); only rank 0 writes
+        ``curve.json``. Every process must make the same calls (refinement included).
 
     Returns
     -------
@@ -269,13 +276,18 @@ def sparsification_curve(
         "model": info.name, "model weights": model_fingerprint(model), "token windows": tokens_sha256(tokens),
         "n_seqs": int(tokens.shape[0]), "seq_len": seq_len, "seed": seed,
     }  # fmt: skip
-    store = _CurveStore(None if out_dir is None else Path(out_dir), identity, resume)
+    store = _CurveStore(None if out_dir is None else Path(out_dir), identity, resume, world is None or world.is_main)
+    shard: dict[str, Any] = {}
+    if world is not None:
+        from ..distributed import shard_windows
+
+        shard = {"windows": shard_windows(int(tokens.shape[0]), world.rank, world.size), "gather": world.merge_dicts}
     with top_n_attention(
         model, n=1, rank_by=rankings[0]
     ):  # refuses a model that ignores pattern edits, before any pass
         pass
     if store.full is None:
-        full = corpus_nll(model, tokens, batch_size, progress, desc="full model")
+        full = corpus_nll(model, tokens, batch_size, progress, desc="full model", **shard)
         store.full = {"total": full.total, "n_tokens": full.n_tokens}
         store.save()
     full = LossSum(**store.full)
@@ -293,7 +305,7 @@ def sparsification_curve(
                     state.seq_ids = seq_ids
 
                 desc = f"{rank_by}{' renorm' if renorm else ''} N={n}"
-                loss = corpus_nll(model, tokens, batch_size, progress, desc=desc, before_batch=set_ids)
+                loss = corpus_nll(model, tokens, batch_size, progress, desc=desc, before_batch=set_ids, **shard)
         row = {
             "rank_by": rank_by, "renormalize": renorm, "n": n, "nll": loss.nll, "nll_full": full.nll,
             "delta_nll_rel": (loss.nll - full.nll) / full.nll, "n_tokens": loss.n_tokens, "stage": stage,

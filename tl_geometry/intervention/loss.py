@@ -8,7 +8,7 @@ number of targets (``n_seqs * (L - 1)``): position ``p``'s token is predicted fr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -65,26 +65,50 @@ def corpus_nll(
     progress: bool = True,
     desc: str = "loss",
     before_batch: Callable[[Tensor], None] | None = None,
+    *,
+    windows: Sequence[int] | None = None,
+    gather: Callable[[dict[int, float]], dict[int, float]] | None = None,
 ) -> LossSum:
     """Stream ``tokens`` through ``model`` in batches and sum the next-token NLL in float64.
 
-    ``before_batch(seq_ids)`` is called before each forward pass (the intervention sets its
-    ``seq_ids`` there). Returns :class:`LossSum`.
+    ``before_batch(seq_ids)`` is called before each forward pass with the indices of the batch's
+    windows in ``tokens`` (the intervention sets its ``seq_ids`` there). Returns :class:`LossSum`.
+
+    ``windows`` (default: all) are the windows this process runs, e.g. its shard under torchrun
+    (:func:`tl_geometry.distributed.shard_windows`); ``gather`` turns this process's per-window sums
+    ``{window: float64 sum}`` into those of every window (every process's, merged). The total is
+    then summed as one process would: the windows in order, batch by batch (``batch_size``), so a
+    sharded run gives the same float64 total as one process whenever the per-window sums agree
+    (always with ``batch_size=1``; with larger batches a window's logits can depend on its batch
+    neighbours at float32 rounding).
     """
     tokens = check_windows(tokens)
+    n_windows = tokens.shape[0]
+    mine = list(range(n_windows)) if windows is None else sorted({int(i) for i in windows})
     device = model_device(model)
-    total = torch.zeros((), dtype=torch.float64)
-    bar = tqdm(total=tokens.shape[0], desc=desc, unit="seq", disable=not progress, leave=False)
+    sums: dict[int, float] = {}
+    bar = tqdm(total=len(mine), desc=desc, unit="seq", disable=not progress, leave=False)
     with torch.inference_mode():
-        for start in range(0, tokens.shape[0], batch_size):
-            batch = tokens[start : start + batch_size]
+        for start in range(0, len(mine), batch_size):
+            ids = torch.tensor(mine[start : start + batch_size], dtype=torch.int64)
+            batch = tokens[ids]
             if before_batch is not None:
-                before_batch(torch.arange(start, start + batch.shape[0]))
+                before_batch(ids)
             logits = model(batch.to(device))
-            total += window_nll(logits, batch).sum().cpu()
+            sums.update(zip(ids.tolist(), window_nll(logits, batch).cpu().tolist()))
             bar.update(batch.shape[0])
     bar.close()
-    return LossSum(total=float(total), n_tokens=int(tokens.shape[0] * (tokens.shape[1] - 1)))
+    if gather is not None:
+        sums = gather(sums)
+    missing = [i for i in range(n_windows) if i not in sums]
+    if missing:
+        raise InputError(f"no loss for the windows {missing[:5]}: the shards do not cover every window")
+    total = torch.zeros((), dtype=torch.float64)
+    for start in range(0, n_windows, batch_size):  # the order of one process's pass
+        total += torch.tensor(
+            [sums[i] for i in range(start, min(start + batch_size, n_windows))], dtype=torch.float64
+        ).sum()
+    return LossSum(total=float(total), n_tokens=int(n_windows * (tokens.shape[1] - 1)))
 
 
 __all__ = ["LossSum", "check_windows", "corpus_nll", "window_nll"]

@@ -27,7 +27,8 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from .._typing import typechecked
-from ..selection import NsLike, resolve_ns, sort_by_weight
+from ..rankings import selection_order
+from ..selection import NsLike, resolve_ns
 from ..separability import check_row_inputs
 
 #: Per-row scalar features (one value per row).
@@ -150,9 +151,12 @@ def row_features(
     ``rho_0`` is not computed here (the observer computes it once per key/value head).
     """
     n_keys = weights.shape[-1]
-    order, sorted_y = sort_by_weight(weights, values)  # y in selection order, [R, K, d]
-    centers = torch.cumsum(sorted_y, dim=-2)[:, ns - 1]  # s(N), [R, G, d]
-    rank_of_key = torch.argsort(order, dim=-1)  # rank_of_key[r, i] = position of key i in the order
+    order = selection_order(weights)
+    rank = torch.arange(n_keys, device=weights.device).expand_as(order)
+    rank_of_key = torch.empty_like(order).scatter_(-1, order, rank)  # position of key i in the order
+    # s(N) = sum_{i in I_N} alpha_i v_i: one [G, K] x [K, d] product per row, no sorted copy of the values
+    weight_in = torch.where(rank_of_key[:, None, :] < ns[None, :, None], weights[:, None, :], 0.0)  # [R, G, K]
+    centers = torch.matmul(weight_in, values)  # s(N), [R, G, d]
     sink_in = rank_of_key[:, :1] < ns[None, :]  # [R, G]
     last_in = rank_of_key[:, -1:] < ns[None, :]
     y = weights[..., None] * values  # [R, K, d] in key order

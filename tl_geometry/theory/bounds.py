@@ -45,14 +45,18 @@ Choices where definitions §4 is silent (binding for this module, also listed in
   (``p = 1/2``), 0 for ``mu = 0``; a ``Delta_0 > 0`` with ``B = 0`` gives ``t_0 = 0``.
 
 Vectorisation: keys are put in selection order once per row; prefix sums / running minima and
-maxima give ``S_in, a_in_min, a_in_max``, suffix maxima give ``a_out_max`` and (on the sorted
-``[K, K]`` cosine matrix) ``rho_out`` for all ``N``. ``M_j(N)`` are the rows of the prefix sums of
-``a_l rho_lj``. Since ``mu_ij = c_j - c_i`` with ``c_t = a_t^2 - 2 a_t M_t``, and ``p`` is 1/2 for
-``xi < 0`` and unimodal on ``xi > 0`` (peak at ``xi* = sqrt(sqrt(2) - 1)``), the maximum over
-``j not in I_N`` of ``p_ij`` needs only the smallest outside ``c_j`` and the two outside ``c_j``
-that bracket ``c_i + xi* sigma``: one sort of the outside ``c`` per ``N`` and a
-``searchsorted``, i.e. ``O(K log K)`` per ``(row, N)`` instead of ``O(K^2)``, with no Python loop
-over keys; rows and sizes are processed in blocks of about ``block_bytes``.
+maxima give ``S_in, a_in_min, a_in_max``, suffix maxima give ``a_out_max``. ``rho_out`` for every
+``N`` of the grid comes from :mod:`tl_geometry.theory.boundary_cosines` (bucket maxima of the
+cosines between the ranks between two grid points and those before them, screened in float32 and
+re-checked in float64; no ``[K, K]`` matrix is kept). ``M_j(N) = <u_j, S(N)>`` with
+``S(N) = sum_{l in I'} a_l u_l`` (``u`` the unit values), one ``[G, d] x [d, K]`` product per row.
+Since ``mu_ij = c_j - c_i`` with ``c_t = a_t^2 - 2 a_t M_t``, and ``p`` is 1/2 for ``xi < 0`` and
+unimodal on ``xi > 0`` (peak at ``xi* = sqrt(sqrt(2) - 1)``), the maximum over ``j not in I_N`` of
+``p_ij`` needs only the smallest outside ``c_j`` and the two outside ``c_j`` that bracket
+``c_i + xi* sigma``: one sort of the outside ``c`` per ``N`` and a binary search per inside key,
+``O(K log K)`` per ``(row, N)`` instead of ``O(K^2)``, with no Python loop over keys. The similarity
+model's cosines are a ``[K, K]`` matrix per row; rows are processed in blocks of about
+``block_bytes``.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from dataclasses import dataclass
 from typing import Union
 
 import einops
+import numpy as np
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
@@ -71,9 +76,10 @@ from ..errors import InputError
 from ..rankings import selection_order
 from ..selection import NsLike, resolve_ns
 from ..separability import check_row_inputs
+from .boundary_cosines import bucket_max_matrix, bucket_max_measured, rho_out_from_buckets
 
 #: Working-set size of one block of ``[rows, sizes, keys]`` tensors (a tuning knob only).
-DEFAULT_BLOCK_BYTES = 16 << 20
+DEFAULT_BLOCK_BYTES = 64 << 20
 
 #: Where ``phi(x) / (x + 1/x)`` peaks on ``x > 0``: the root of ``1 - 2 x^2 - x^4``.
 XI_STAR = math.sqrt(math.sqrt(2.0) - 1.0)
@@ -228,8 +234,8 @@ def bounds(
         ``exp(-beta |j-k|)`` (``j, k > 0``) and ``rho_0`` against the sink, with ``j, k`` the
         key indices (positions), not the ranks.
     dtype : torch.dtype, default torch.float64
-    block_bytes : int, default 16 MiB
-        Working-set size of one block of ``[rows, sizes, keys]`` tensors; a tuning knob only.
+    block_bytes : int, default 64 MiB
+        Working-set size of one block of rows; a tuning knob only.
 
     Returns
     -------
@@ -251,77 +257,74 @@ def bounds(
 def _bounds_rows(
     weights: Tensor, values: Tensor, ns: Tensor, kappa: float, model: SimilarityModel | None, block_bytes: int
 ) -> dict[str, Tensor]:
-    """The engine on flat rows: weights [R, K], values [R, K, d] -> seven [R, G] tensors."""
+    """The engine on flat rows: weights [R, K], values [R, K, d] -> seven [R, G] tensors.
+
+    The sizes are computed once each, in increasing order (``ns`` may repeat or be unordered)."""
     n_rows, n_keys, dim = values.shape
-    n_sizes = ns.shape[0]
+    grid, back = torch.unique(ns, sorted=True, return_inverse=True)
     dtype, device = values.dtype, values.device
-    out = {name: torch.empty(n_rows, n_sizes, dtype=dtype, device=device) for name in BOUND_FIELDS}
+    out = {name: torch.empty(n_rows, grid.shape[0], dtype=dtype, device=device) for name in BOUND_FIELDS}
     cell = torch.finfo(dtype).bits // 8
-    row_block = max(1, min(n_rows, block_bytes // max(1, 4 * n_keys * n_keys * cell)))
+    inside_keys = int(grid.clamp(max=n_keys - 1).sum())  # L: the inside keys of every N, one after the other
+    per_row = cell * (n_keys * n_keys // 4 + 6 * grid.shape[0] * n_keys + 12 * inside_keys + 2 * n_keys * dim)
+    if model is not None:
+        per_row += 2 * cell * n_keys * n_keys  # the model's [K, K] cosine matrix
+    row_block = max(1, min(n_rows, block_bytes // max(1, per_row)))
     for r0 in range(0, n_rows, row_block):
         rows = slice(r0, r0 + row_block)
-        per_row = _RowPrecompute(weights[rows], values[rows], model)
-        n_r = per_row.a.shape[0]
-        size_block = max(1, block_bytes // max(1, 12 * n_r * n_keys * cell))
-        for g0 in range(0, n_sizes, size_block):
-            sizes = slice(g0, g0 + size_block)
-            block = per_row.bounds(ns[sizes], kappa, dim)
-            for name, x in block.items():
-                out[name][rows, sizes] = x
-    return out
+        block = _RowBlock(weights[rows], values[rows], grid, model).bounds(kappa, dim)
+        for name, x in block.items():
+            out[name][rows] = x
+    return {name: x[:, back] for name, x in out.items()}
 
 
-class _RowPrecompute:
-    """Everything about a block of rows that does not depend on ``N``, in selection order."""
+class _RowBlock:
+    """A block of rows in selection order, with the per-size quantities of the sorted ``grid``."""
 
-    def __init__(self, weights: Tensor, values: Tensor, model: SimilarityModel | None) -> None:
+    def __init__(self, weights: Tensor, values: Tensor, grid: Tensor, model: SimilarityModel | None) -> None:
         _, n_keys, dim = values.shape
-        self.n_keys = n_keys
+        self.n_keys, self.grid = n_keys, grid
         order = selection_order(weights)  # the selection order of definitions §2
         alpha = torch.gather(weights, -1, order)
-        v = torch.gather(values, -2, einops.repeat(order, "r k -> r k d", d=dim))
+        v = values[torch.arange(order.shape[0], device=order.device)[:, None], order]  # [r, K, d]
         norms = torch.linalg.vector_norm(v, dim=-1)
-        self.a = alpha * norms  # a_t in selection order, [r, K]
-        self.sink = order == 0  # [r, K], one True per row
-        self.sink_rank = self.sink.to(torch.int64).argmax(dim=-1)  # [r]
-        self.a0 = self.a.gather(-1, self.sink_rank[:, None])[:, 0]  # [r]
+        a = alpha * norms  # a_t in selection order, [r, K]
+        self.a = a
+        sink = order == 0  # [r, K], one True per row
+        self.sink_rank = sink.to(torch.int64).argmax(dim=-1)  # [r]
+        self.a0 = a.gather(-1, self.sink_rank[:, None])[:, 0]  # [r]
+        a_ns = torch.where(sink, 0.0, a)  # a_l for l in I' (sink removed), [r, K]
+        last = grid - 1  # prefix quantities at rank N - 1 describe I_N
+        self.s_in = torch.cumsum(a_ns, dim=-1)[:, last]
+        self.a_in_min = torch.cummin(torch.where(sink, torch.inf, a), dim=-1).values[:, last]
+        self.a_in_max = torch.cummax(torch.where(sink, -torch.inf, a), dim=-1).values[:, last]
+        self.a_out_max = _pad_last(_suffix_max(a, dim=-1), 0.0)[:, grid]  # empty outside (N = K): 0
+        inside = torch.arange(n_keys, device=grid.device)[None, :] < grid[:, None]  # [G, K]
         if model is None:
-            u = v / torch.where(norms > 0, norms, 1.0)[..., None]
-            rho = einops.einsum(u, u, "r i d, r j d -> r i j")
-            rho.diagonal(dim1=-2, dim2=-1).fill_(1.0)
+            units = v / torch.where(norms > 0, norms, 1.0)[..., None]
+            self.rho_out = rho_out_from_buckets(bucket_max_measured(units, grid, self.sink_rank, v.dtype), grid)
+            # M_j(N) = sum_{l in I'} a_l <u_l, u_j> = <u_j, S(N)>, S(N) = sum_{l in I'} a_l u_l
+            weight_in = torch.where(inside[None], a_ns[:, None, :], 0.0)  # [r, G, K]
+            prefix = torch.matmul(weight_in, units)  # [r, G, d]
+            self.m = torch.matmul(prefix, units.transpose(1, 2))  # [r, G, K]
         else:
-            rho = model.cosines(order, order, dtype=values.dtype)
-        a_ns = torch.where(self.sink, 0.0, self.a)  # a_l for l in I' (sink removed), [r, K]
-        # prefix quantities over ranks 0..t (index N-1 gives I_N)
-        self.s_in = torch.cumsum(a_ns, dim=-1)
-        self.a_in_min = torch.cummin(torch.where(self.sink, torch.inf, self.a), dim=-1).values
-        self.a_in_max = torch.cummax(torch.where(self.sink, -torch.inf, self.a), dim=-1).values
-        # suffix maxima over ranks t..K-1, padded with the empty-set value 0 at t = K
-        self.a_out_max = _pad_last(_suffix_max(self.a, dim=-1), 0.0)  # [r, K+1]
-        # rho is symmetric, so both scans run along the contiguous last dimension:
-        # rho_suffix[r, k, t] = max_{t' >= t} rho[t', k] (column t = K: the empty set, 0)
-        self.rho_suffix = _pad_last(_suffix_max(rho, dim=-1), 0.0)  # [r, K, K+1]
-        # m_prefix[r, j, t] = sum_{l <= t, l in I'} a_l rho_lj: column N-1 holds M_j(N)
-        self.m_prefix = torch.cumsum(rho * a_ns[:, None, :], dim=-1)  # [r, K, K]
+            rho = model.cosines(order, order, dtype=v.dtype)  # [r, K, K], symmetric
+            self.rho_out = rho_out_from_buckets(bucket_max_matrix(rho, grid, self.sink_rank), grid)
+            weight_in = torch.where(inside[None], a_ns[:, None, :], 0.0)  # [r, G, K]
+            self.m = einops.einsum(weight_in, rho, "r g l, r l k -> r g k")
 
-    def bounds(self, ns: Tensor, kappa: float, dim: int) -> dict[str, Tensor]:
-        n_keys = self.n_keys
+    def bounds(self, kappa: float, dim: int) -> dict[str, Tensor]:
+        ns, n_keys = self.grid, self.n_keys
         n_rows = self.a.shape[0]
         dtype = self.a.dtype
-        rank = torch.arange(n_keys, device=ns.device)
-        inside = rank[None, :] < ns[:, None]  # [g, K]
-        in_prime = inside[None] & ~self.sink[:, None, :]  # [r, g, K]
         n_f = ns.to(dtype)
         m_out = (n_keys - ns).to(dtype)  # M = K - N
 
-        s_in = self.s_in[:, ns - 1]  # [r, g]
-        a_in_min = self.a_in_min[:, ns - 1]
-        a_in_min = torch.where(torch.isinf(a_in_min), torch.nan, a_in_min)  # I' empty: undefined
-        a_in_max = self.a_in_max[:, ns - 1].clamp(min=0.0)  # I' empty: 0
-        a_out_max = self.a_out_max[:, ns]
-        rho_rows = self.rho_suffix[:, :, ns].transpose(-1, -2)  # [r, g, K]: max over j of rank >= N, per k
-        rho_out = torch.where(in_prime, rho_rows, -torch.inf).amax(dim=-1)
-        rho_out = torch.where(torch.isinf(rho_out) | (ns == n_keys)[None, :], 0.0, rho_out)
+        s_in = self.s_in
+        a_in_min = torch.where(torch.isinf(self.a_in_min), torch.nan, self.a_in_min)  # I' empty: undefined
+        a_in_max = self.a_in_max.clamp(min=0.0)  # I' empty: 0
+        a_out_max = self.a_out_max
+        rho_out = torch.where(torch.isinf(self.rho_out) | (ns == n_keys)[None, :], 0.0, self.rho_out)
 
         delta = a_in_min**2 - 2 * a_out_max * s_in * rho_out
         delta0 = self.a0[:, None] ** 2 - (s_in * rho_out) ** 2
@@ -335,21 +338,23 @@ class _RowPrecompute:
         recall_lower = (1.0 - union).clamp(0.0, 1.0)
 
         # upper bounds: mu_ij = c_j - c_i, c_t = a_t^2 - 2 a_t M_t(N)
-        m_j = self.m_prefix[:, :, ns - 1].transpose(-1, -2)  # [r, g, K]
-        c = self.a[:, None, :] ** 2 - 2 * self.a[:, None, :] * m_j
+        c = self.a[:, None, :] ** 2 - 2 * self.a[:, None, :] * self.m  # [r, G, K]
         sigma = scale / math.sqrt(2.0 * kappa * dim)  # [r, g]
-        p_max = _max_p_over_outside(c, inside, sigma)  # [r, g, K] for each i: max_{j not in I_N} p_ij
-        p_max = torch.where(inside[None], p_max, 0.0)
-        recall_upper = (1.0 - p_max).where(inside[None], 0.0).sum(dim=-1) / n_f
-        precision_upper = 1.0 - p_max.amax(dim=-1) / (n_f + 1.0)
+        p_max, size_of = _max_p_over_outside(c, ns, sigma)  # [r, L]: every inside key of every nontrivial N
+        index = size_of[None, :].expand_as(p_max)
+        recall_upper = torch.zeros_like(scale).scatter_add_(1, index, 1.0 - p_max) / n_f
+        precision_upper = 1.0 - torch.zeros_like(scale).scatter_reduce_(1, index, p_max, "amax") / (n_f + 1.0)
+        nontrivial = (ns > 1) & (ns < n_keys)
+        recall_upper = torch.where(nontrivial, recall_upper, 1.0)
+        precision_upper = torch.where(nontrivial, precision_upper, 1.0)
 
         trivial = ((ns == 1) | (ns == n_keys))[None, :].expand(n_rows, -1)
         one = torch.ones((), dtype=dtype, device=ns.device)
         return {
             "precision_lower": torch.where(trivial, one, precision_lower),
-            "precision_upper": torch.where(trivial, one, precision_upper),
+            "precision_upper": precision_upper,
             "recall_lower": torch.where(trivial, one, recall_lower),
-            "recall_upper": torch.where(trivial, one, recall_upper),
+            "recall_upper": recall_upper,
             "delta": delta,
             "delta0": delta0,
             "scale": scale,
@@ -392,26 +397,57 @@ def _xi(diff: Tensor, sigma: Tensor) -> Tensor:
     )
 
 
-def _max_p_over_outside(c: Tensor, inside: Tensor, sigma: Tensor) -> Tensor:
-    """``max_{j not in I_N} p((c_j - c_i) / sigma)`` for every key ``i``: c [r, g, K] -> [r, g, K].
+def _max_p_over_outside(c: Tensor, ns: Tensor, sigma: Tensor) -> tuple[Tensor, Tensor]:
+    """``max_{j not in I_N} p((c_j - c_i) / sigma)`` for every inside key ``i`` of every ``1 < N < K``.
 
-    ``p`` is 1/2 as soon as one outside ``c_j < c_i``; otherwise every ``xi >= 0`` and, ``p``
-    being 0 at 0 and unimodal on ``xi > 0`` with its peak at ``XI_STAR``, the maximum is at one
-    of the two outside values bracketing ``c_i + XI_STAR sigma``. 0 when nothing is outside.
+    ``c [r, G, K]`` in selection order (ranks ``< N`` inside), ``sigma [r, G]``. Returns the
+    maxima ``[r, L]`` of the inside keys of all those sizes one after the other, and the size index
+    of each ``[L]``. ``p`` is 1/2 as soon as one outside ``c_j < c_i``; otherwise every
+    ``xi >= 0`` and, ``p`` being 0 at 0 and unimodal on ``xi > 0`` with its peak at ``XI_STAR``,
+    the maximum is at one of the two outside values bracketing ``c_i + XI_STAR sigma``: one sort
+    of the outside values per ``N`` and a binary search per inside key.
     """
-    n_keys = c.shape[-1]
-    n_out = (n_keys - inside.sum(dim=-1))[None, :, None]  # [1, g, 1]
-    outside_sorted = torch.sort(torch.where(inside[None], torch.inf, c), dim=-1).values  # [r, g, K]
-    sig = sigma[..., None]  # [r, g, 1]
-    below = outside_sorted[..., :1] < c  # some outside c_j < c_i: xi < 0
-    target = (c + XI_STAR * sig).contiguous()
-    idx = torch.searchsorted(outside_sorted.contiguous(), target, right=False)  # first outside >= target
-    hi = outside_sorted.gather(-1, idx.clamp(max=n_keys - 1))
+    n_rows, n_sizes, n_keys = c.shape
+    rank = torch.arange(n_keys, device=c.device)
+    inside = rank[None, :] < ns[:, None]  # [G, K]
+    # per N, the outside values sorted first and +inf after them
+    outside_sorted = sort_last(torch.where(inside[:, None], torch.inf, c.transpose(0, 1)))  # [G, r, K]
+    sizes = [(g, int(n)) for g, n in enumerate(ns.tolist()) if 1 < n < n_keys]
+    size_of = torch.cat(
+        [torch.full((n,), g, dtype=torch.int64) for g, n in sizes] or [torch.zeros(0, dtype=torch.int64)]
+    )
+    rank_of = torch.cat([torch.arange(n) for _, n in sizes] or [torch.zeros(0, dtype=torch.int64)])
+    size_of, rank_of = size_of.to(c.device), rank_of.to(c.device)
+    c_in = c[:, size_of, rank_of]  # [r, L]
+    sig = sigma[:, size_of]
+    target = c_in + XI_STAR * sig
+    idx = torch.empty(n_rows, size_of.shape[0], dtype=torch.int64, device=c.device)
+    start = 0
+    for g, n in sizes:  # first outside value >= target, within size g's own sorted outside values
+        idx[:, start : start + n] = torch.searchsorted(
+            outside_sorted[g], target[:, start : start + n].contiguous(), right=False
+        )
+        start += n
+    n_out = (n_keys - ns)[size_of]  # [L]
+    base = (size_of[None, :] * n_rows + torch.arange(n_rows, device=c.device)[:, None]) * n_keys  # [r, L]
+    hi = outside_sorted.take(base + idx.clamp(max=n_out - 1))
     hi_ok = idx < n_out
     lo_idx = idx - 1
-    lo = outside_sorted.gather(-1, lo_idx.clamp(min=0))
-    lo_ok = (lo_idx >= 0) & (lo_idx < n_out) & (lo > c)
-    p_hi = torch.where(hi_ok, p_of_xi(_xi(torch.where(hi_ok, hi - c, 0.0), sig)), 0.0)
-    p_lo = torch.where(lo_ok, p_of_xi(_xi(torch.where(lo_ok, lo - c, 0.0), sig)), 0.0)
-    best = torch.maximum(p_hi, p_lo)
-    return torch.where(below & (n_out > 0), 0.5, best)
+    lo = outside_sorted.take(base + lo_idx.clamp(min=0))
+    lo_ok = (lo_idx >= 0) & (lo > c_in)
+    below = outside_sorted.take(base) < c_in  # some outside c_j < c_i: xi < 0
+    p_hi = torch.where(hi_ok, p_of_xi(_xi(torch.where(hi_ok, hi - c_in, 0.0), sig)), 0.0)
+    p_lo = torch.where(lo_ok, p_of_xi(_xi(torch.where(lo_ok, lo - c_in, 0.0), sig)), 0.0)
+    return torch.where(below, 0.5, torch.maximum(p_hi, p_lo)), size_of
+
+
+def sort_last(x: Tensor) -> Tensor:
+    """Values sorted along the last dimension (numpy's vectorised sort on the CPU, torch elsewhere).
+
+    >>> import torch
+    >>> sort_last(torch.tensor([[3.0, 1.0, 2.0]])).tolist()
+    [[1.0, 2.0, 3.0]]
+    """
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        return torch.from_numpy(np.sort(np.ascontiguousarray(x.detach().numpy()), axis=-1))
+    return torch.sort(x, dim=-1).values.contiguous()

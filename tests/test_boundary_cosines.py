@@ -1,0 +1,94 @@
+"""The largest cosine across the top-N boundary (tl_geometry.theory.boundary_cosines) against a loop.
+
+``ref_rho_out`` transcribes definitions §4 for one row and one N: the maximum of
+``<v_j, v_k> / (||v_j|| ||v_k||)`` over ``j`` outside ``I_N`` and ``k`` in ``I_N`` without the sink
+(``-inf`` when there is no such pair), with Python loops over the pairs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from reference import top_n
+
+from tl_geometry.rankings import selection_order
+from tl_geometry.theory.boundary_cosines import (
+    bucket_max_matrix,
+    bucket_max_measured,
+    rho_out_from_buckets,
+)
+
+
+def ref_rho_out(weights: torch.Tensor, values: torch.Tensor, n: int) -> float:
+    sel = top_n(weights, n)
+    prime = [k for k in sel if k != 0]
+    out = [j for j in range(len(weights)) if j not in sel]
+    best = -math.inf
+    for j in out:
+        for k in prime:
+            nj, nk = float(values[j].norm()), float(values[k].norm())
+            cos = 0.0 if nj == 0 or nk == 0 else float(values[j] @ values[k]) / (nj * nk)
+            best = max(best, cos)
+    return best
+
+
+def engine_rho_out(weights, values, ns, dtype=torch.float64, model_rho=None):
+    order = selection_order(weights)
+    v = values.gather(-2, order[..., None].expand_as(values))
+    norms = v.norm(dim=-1, keepdim=True)
+    units = v / torch.where(norms > 0, norms, 1.0)
+    sink_rank = (order == 0).to(torch.int64).argmax(dim=-1)
+    grid = torch.tensor(ns)
+    if model_rho is not None:
+        return rho_out_from_buckets(bucket_max_matrix(units @ units.transpose(1, 2), grid, sink_rank), grid)
+    return rho_out_from_buckets(bucket_max_measured(units, grid, sink_rank, dtype), grid)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("grid", ["all", "sparse"])
+def test_matches_loop(seed, grid):
+    g = torch.Generator().manual_seed(seed)
+    k_keys = 23
+    weights = torch.softmax(2 * torch.randn(3, k_keys, generator=g, dtype=torch.float64), dim=-1)
+    values = torch.randn(3, k_keys, 5, generator=g, dtype=torch.float64)
+    values[1, 4] = 0.0  # a zero vector: cosine 0
+    values[2, 7] = values[2, 3]  # a duplicate: cosine 1
+    ns = list(range(1, k_keys + 1)) if grid == "all" else [1, 2, 5, 11, 22, 23]
+    got = engine_rho_out(weights, values, ns)
+    also = engine_rho_out(weights, values, ns, model_rho=True)  # the same cosines given as a matrix
+    for r in range(3):
+        for gi, n in enumerate(ns):
+            expected = ref_rho_out(weights[r], values[r], n)
+            for value in (float(got[r, gi]), float(also[r, gi])):
+                if math.isinf(expected):
+                    assert value == -math.inf, (r, n)
+                else:
+                    assert value == pytest.approx(expected, abs=1e-14), (r, n)
+
+
+def test_float32_screen_is_rechecked_in_float64():
+    # cosines 1 - 1e-10 and 1 - 3e-10 across the boundary of N = 2: float32 cannot tell them apart
+    # (both read 1.0), the float64 answer is the first
+    d = 6
+    base = torch.zeros(d, dtype=torch.float64)
+    base[0] = 1.0
+
+    def tilted(eps):
+        v = base.clone()
+        v[1] = math.sqrt(2 * eps)  # cos(base, v) = 1 / sqrt(1 + 2 eps) ~ 1 - eps
+        return v
+
+    values = torch.stack([torch.randn(d, dtype=torch.float64), base, tilted(3e-10), tilted(1e-10), -base])
+    weights = torch.tensor([0.1, 0.5, 0.2, 0.15, 0.05], dtype=torch.float64)  # ranks: 1, 2, 3, 0, 4
+    ns = [1, 2, 3, 4, 5]
+    got = engine_rho_out(weights[None], values[None], ns)[0]
+    screen = engine_rho_out(weights[None], values[None], ns, dtype=torch.float32)[0]
+    expected = ref_rho_out(weights, values, 1)  # I_1 = {1}: its best partner is key 3
+    assert expected == pytest.approx(1 / math.sqrt(1 + 2e-10), abs=1e-15)
+    assert float(got[0]) == pytest.approx(expected, abs=1e-15)
+    assert abs(float(screen[0]) - expected) > 1e-11  # what the float32 screen alone would report
+    for gi, n in enumerate(ns):
+        exp_n = ref_rho_out(weights, values, n)
+        assert float(got[gi]) == (exp_n if math.isinf(exp_n) else pytest.approx(exp_n, abs=1e-14)), n

@@ -1,0 +1,61 @@
+"""Rows of a run with an output directory: merged from the parts on disk, read when first used.
+
+The merged table must equal the in-memory assembly (a run without ``out_dir``) row for row, and
+parts whose window ranges overlap (a resumed run, shards) must still come out in key order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+import tl_geometry as tlg
+from tl_geometry.rows_on_disk import RowsOnDisk, merge_parts
+
+KEY = ["seq", "layer", "rank_by", "n"]
+
+
+def _part(seqs: list[int], seed: int) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = [(s, layer, r, n) for s in seqs for layer in (1, 0) for r in ("random", "attention") for n in (3, 1, 2)]
+    table = pd.DataFrame(rows, columns=KEY).sample(frac=1.0, random_state=seed).reset_index(drop=True)
+    table["value"] = rng.normal(size=len(table))
+    return table
+
+
+def test_merge_of_overlapping_and_separate_parts_is_in_key_order(tmp_path: Path) -> None:
+    parts = {"part-000000-000004.parquet": [0, 2, 4], "part-000001-000003.parquet": [1, 3],
+             "part-000005-000006.parquet": [5, 6]}  # fmt: skip
+    frames = []
+    for i, (name, seqs) in enumerate(parts.items()):
+        frames.append(_part(seqs, i))
+        frames[-1].to_parquet(tmp_path / name, index=False)
+    rows = merge_parts(sorted(tmp_path.glob("part-*")), tmp_path / "all.parquet", KEY, ["attention", "random"])
+    rank = {"attention": 0, "random": 1}
+    expected = (
+        pd.concat(frames, ignore_index=True)
+        .sort_values(KEY, key=lambda c: c.map(rank) if c.name == "rank_by" else c)
+        .reset_index(drop=True)
+    )
+    assert (rows.n_rows, rows.n_layers) == (len(expected), 2)
+    pd.testing.assert_frame_equal(rows.load(), expected, check_exact=True)
+
+
+def test_a_run_with_out_dir_keeps_its_rows_on_disk_until_used(tmp_path: Path) -> None:
+    model = tlg.testing.tiny_llama_bridge()
+    tokens = torch.randint(3, 259, (5, 16), generator=torch.Generator().manual_seed(1))
+    kwargs = dict(batch_size=2, progress=False, bounds=True, rank_by=("attention", "random"), query_positions=[7, 15])
+    memory = tlg.analyze(model, tokens, **kwargs)
+    disk = tlg.analyze(model, tokens, out_dir=tmp_path / "run", **kwargs)
+    raw = object.__getattribute__(disk, "separability")
+    assert isinstance(raw, RowsOnDisk) and raw.n_rows == len(memory.separability)
+    assert repr(disk) == repr(memory)
+    disk.save(tmp_path / "saved")  # copied, still not read
+    assert isinstance(object.__getattribute__(disk, "separability"), RowsOnDisk)
+    pd.testing.assert_frame_equal(disk.separability, memory.separability, check_exact=True)
+    assert disk.separability.attrs == memory.separability.attrs
+    saved = tlg.load_result(tmp_path / "saved")
+    pd.testing.assert_frame_equal(saved.separability, memory.separability, check_exact=True)

@@ -1,0 +1,120 @@
+"""The row table of a long run kept on disk: merged from the batch parts without holding it in memory.
+
+A run with an output directory saves every batch's rows as a parquet part (:mod:`tl_geometry.store`).
+:func:`merge_parts` writes them into one parquet file in the table's key order, one group of parts
+at a time (parts whose window ranges overlap are sorted together), so the peak memory of the merge
+is that of a batch, whatever the number of windows. :class:`RowsOnDisk` stands for that file in an
+:class:`~tl_geometry.analysis.AnalysisResult` until the table is first used.
+
+Examples
+--------
+>>> import tempfile, pathlib, pandas as pd
+>>> d = pathlib.Path(tempfile.mkdtemp())
+>>> pd.DataFrame({"seq": [2, 2], "n": [2, 1], "rank_by": "attention"}).to_parquet(d / "part-000002-000002.parquet")
+>>> pd.DataFrame({"seq": [0, 1], "n": [1, 1], "rank_by": "attention"}).to_parquet(d / "part-000000-000001.parquet")
+>>> rows = merge_parts(sorted(d.glob("part-*")), d / "all.parquet", ["seq", "n"], rank_order=["attention"])
+>>> rows.n_rows, rows.load()[["seq", "n"]].values.tolist()
+(4, [[0, 1], [1, 1], [2, 1], [2, 2]])
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from ._files import write_atomic
+
+_PART_RE = re.compile(r"part-(\d+)-(\d+)\.parquet")
+
+
+@dataclass(frozen=True)
+class RowsOnDisk:
+    """A row table saved as one parquet file, read when first needed (``load``).
+
+    Attributes
+    ----------
+    path : the parquet file.
+    n_rows : number of rows.
+    n_layers : number of distinct layers (for a short description without reading the file).
+    """
+
+    path: Path
+    n_rows: int
+    n_layers: int
+
+    def load(self) -> pd.DataFrame:
+        """The table, as :func:`pandas.read_parquet` reads it."""
+        return pd.read_parquet(self.path)
+
+
+def part_windows(path: Path) -> tuple[int, int]:
+    """First and last window of a part, from its name ``part-FIRST-LAST.parquet``."""
+    match = _PART_RE.fullmatch(path.name)
+    if match is None:
+        raise ValueError(f"{path} is not named part-FIRST-LAST.parquet")
+    return int(match.group(1)), int(match.group(2))
+
+
+def merge_parts(
+    parts: Sequence[Path], path: Path, key: Sequence[str], rank_order: Sequence[str], empty: pd.DataFrame | None = None
+) -> RowsOnDisk:
+    """Write the rows of ``parts`` to ``path`` sorted by ``key`` (``rank_by`` in ``rank_order``).
+
+    The parts are taken in the order of their first window; parts whose window ranges overlap are
+    read and sorted together, every other part alone, so at most one such group is in memory.
+    ``key`` must start with the window column (``seq``). ``empty`` is written when there are no parts.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    groups: list[list[Path]] = []
+    last = -1
+    for part in sorted(parts, key=part_windows):
+        first, end = part_windows(part)
+        if groups and first <= last:
+            groups[-1].append(part)
+        else:
+            groups.append([part])
+        last = max(last, end)
+    if not groups:
+        frame = empty if empty is not None else pd.DataFrame()
+        write_atomic(path, lambda p: frame.to_parquet(p, index=False))
+        return RowsOnDisk(path, 0, 0)
+    order = pa.array(list(rank_order))
+    n_rows, layers = 0, set()
+
+    def write(target: Path) -> None:
+        nonlocal n_rows
+        writer = None
+        try:
+            for group in groups:
+                table = pa.concat_tables([pq.read_table(p) for p in group])
+                sort_keys = []
+                for column in key:
+                    if column == "rank_by":
+                        table = table.append_column("__rank", pc.index_in(table["rank_by"], value_set=order))
+                        column = "__rank"
+                    sort_keys.append((column, "ascending"))
+                table = table.sort_by(sort_keys)
+                if "__rank" in table.column_names:
+                    table = table.drop_columns(["__rank"])
+                if writer is None:
+                    writer = pq.ParquetWriter(target, table.schema)
+                writer.write_table(table.cast(writer.schema))
+                n_rows += table.num_rows
+                if "layer" in table.column_names:
+                    layers.update(pc.unique(table["layer"]).to_pylist())
+        finally:
+            if writer is not None:
+                writer.close()
+
+    write_atomic(path, write)
+    return RowsOnDisk(path, n_rows, len(layers))
+
+
+__all__ = ["RowsOnDisk", "merge_parts", "part_windows"]

@@ -1,0 +1,136 @@
+"""Largest cosine across the top-N boundary, for every ``N`` of a grid at once (definitions §4).
+
+For one row with keys in selection order (rank ``t = 0..K-1``), the sink at rank ``t_0`` and a
+sorted grid of sizes ``N_0 < N_1 < ... < N_{G-1}``, the envelopes need
+
+    rho_out(N) = max_{k in I'_N, j not in I_N} rho_jk,      I'_N = {ranks < N} \\ {t_0},
+
+with ``-inf`` for an empty pair set (``I'_N`` empty or ``N = K``; :mod:`~tl_geometry.theory.bounds`
+applies its conventions). A pair (lower rank ``k``, higher rank ``j``) counts for exactly the
+``N`` with ``k < N <= j``. Cut the ranks into *buckets* at the grid points (bucket ``b`` holds the
+ranks ``[N_{b-1}, N_b)``, with ``N_{-1} = 0`` and ``N_G = K``) and let
+
+    R[b, k] = max_{j in bucket b} rho_jk        for k < N_{b-1} (else -inf, and -inf for k = t_0);
+
+then ``rho_out(N_g) = max_{k < N_g} max_{b > g} R[b, k]``: a suffix maximum over ``b`` and one
+masked maximum per ``N``. ``R`` costs one product of the values of bucket ``b`` with those of
+the ranks before it, ``K^2 d / 2`` multiply-adds per row in all, and no ``[K, K]`` matrix is kept.
+
+**Measured cosines in float64** (``rho_jk = <u_j, u_k>``, unit values ``u``): the products are
+screened in float32 and re-checked exactly. For vectors of norm <= 1 the float32 value is within
+``E = (d + 4) eps_32`` of the float64 one (rounding of ``u`` and a ``d``-term dot product). A
+bucket maximum ``R[b, k]`` below ``rho_out32(N) - 2E`` for every ``N`` it counts for cannot be the
+float64 maximum; every other column ``k`` is recomputed in float64 for all buckets, and the
+maximum is taken again. The result is the float64 maximum of float64 cosines, whatever the
+screen decided.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+#: Slack of the float32 screen, in units of float32 epsilon, on top of ``d``.
+SCREEN_SLACK = 4
+
+
+def buckets(ns: Int[Tensor, " g"], n_keys: int) -> tuple[list[int], list[int], Int[Tensor, " k"]]:
+    """Bucket bounds ``starts, ends`` (``G + 1`` each) and the bucket of every rank ``[K]``.
+
+    >>> import torch
+    >>> starts, ends, of_rank = buckets(torch.tensor([1, 2, 4]), 6)
+    >>> starts, ends, of_rank.tolist()
+    ([0, 1, 2, 4], [1, 2, 4, 6], [0, 1, 2, 2, 3, 3])
+    """
+    grid = [int(n) for n in ns]
+    starts, ends = [0, *grid], [*grid, n_keys]
+    of_rank = torch.searchsorted(ns, torch.arange(n_keys, device=ns.device), right=True)
+    return starts, ends, of_rank
+
+
+def rho_out_from_buckets(bucket_max: Float[Tensor, "r b k"], ns: Int[Tensor, " g"]) -> Float[Tensor, "r g"]:
+    """``rho_out(N_g) = max_{k < N_g} max_{b > g} R[b, k]`` from the bucket maxima ``R [r, G+1, K]``."""
+    n_sizes = ns.shape[0]
+    out = torch.empty(bucket_max.shape[0], n_sizes, dtype=bucket_max.dtype, device=bucket_max.device)
+    running = bucket_max[:, n_sizes]  # max over the buckets b > g, updated from the last one down
+    for g in range(n_sizes - 1, -1, -1):
+        out[:, g] = running[:, : int(ns[g])].amax(dim=-1)
+        running = torch.maximum(running, bucket_max[:, g])
+    return out
+
+
+def bucket_max_measured(
+    units: Float[Tensor, "r k d"], ns: Int[Tensor, " g"], sink_rank: Int[Tensor, " r"], dtype: torch.dtype
+) -> Float[Tensor, "r b k"]:
+    """``R [r, G+1, K]`` of measured cosines, ``units`` in selection order (norm 1, or 0 for a zero vector).
+
+    Computed in ``dtype``, or, for float64, screened in float32 and re-checked (module docstring).
+
+    >>> import torch
+    >>> u = torch.nn.functional.normalize(torch.randn(2, 7, 3, dtype=torch.float64), dim=-1)
+    >>> ns = torch.tensor([1, 3, 7])
+    >>> R = bucket_max_measured(u, ns, torch.tensor([0, 2]), torch.float64)  # sinks at ranks 0 and 2
+    >>> rho = u @ u.transpose(1, 2)
+    >>> bool((R[1, :, 2] == -torch.inf).all()) and torch.allclose(R[0, 2, 1], rho[0, 3:7, 1].max(), atol=1e-15)
+    True
+    """
+    screen = dtype == torch.float64 and units.dtype == torch.float64
+    work = units.to(torch.float32) if screen else units.to(dtype)
+    bucket_max = _bucket_max(work, ns, sink_rank)
+    if not screen:
+        return bucket_max
+    slack = (units.shape[-1] + SCREEN_SLACK) * torch.finfo(torch.float32).eps
+    rho32 = rho_out_from_buckets(bucket_max, ns).to(torch.float64)
+    threshold = torch.where(torch.isinf(rho32), torch.inf, rho32 - 2 * slack)  # [r, G]
+    starts, ends, of_rank = buckets(ns, units.shape[1])
+    need = _range_min(threshold).transpose(1, 2)  # [r, G (hi), G+1 (lo)]: min of the threshold over N_lo..N_hi
+    # column k, bucket b (> 0) counts for the sizes g in [bucket(k), b - 1]
+    need_kb = need[:, :, of_rank]  # [r, G, K]
+    exact = bucket_max.to(torch.float64)
+    candidates = (exact[:, 1:, :] >= need_kb).any(dim=1)  # [r, K]: columns to recompute
+    for row in torch.nonzero(candidates.any(dim=-1)).flatten().tolist():
+        cols = torch.nonzero(candidates[row]).flatten()
+        dots = units[row] @ units[row, cols].T  # [K, c], float64
+        per_bucket = torch.full((len(starts), cols.shape[0]), -torch.inf, dtype=torch.float64, device=units.device)
+        per_bucket.scatter_reduce_(0, of_rank[:, None].expand_as(dots), dots, "amax")
+        later = torch.arange(len(starts), device=units.device)[:, None] > of_rank[cols][None, :]
+        exact[row, :, cols] = torch.where(later, per_bucket, -torch.inf)
+    return exact
+
+
+def bucket_max_matrix(rho: Float[Tensor, "r k k"], ns: Int[Tensor, " g"], sink_rank: Int[Tensor, " r"]) -> Tensor:
+    """``R [r, G+1, K]`` from a given cosine matrix in selection order (the similarity model)."""
+    starts, ends, _ = buckets(ns, rho.shape[-1])
+    out = torch.full((rho.shape[0], len(starts), rho.shape[-1]), -torch.inf, dtype=rho.dtype, device=rho.device)
+    for b in range(1, len(starts)):
+        s, e = starts[b], ends[b]
+        if e > s:
+            out[:, b, :s] = rho[:, s:e, :s].amax(dim=1)
+    return _drop_sink(out, sink_rank)
+
+
+def _bucket_max(units: Tensor, ns: Tensor, sink_rank: Tensor) -> Tensor:
+    starts, ends, _ = buckets(ns, units.shape[1])
+    out = torch.full((units.shape[0], len(starts), units.shape[1]), -torch.inf, dtype=units.dtype, device=units.device)
+    for b in range(1, len(starts)):
+        s, e = starts[b], ends[b]
+        if e > s:
+            out[:, b, :s] = torch.matmul(units[:, s:e], units[:, :s].transpose(1, 2)).amax(dim=1)
+    return _drop_sink(out, sink_rank)
+
+
+def _drop_sink(bucket_max: Tensor, sink_rank: Tensor) -> Tensor:
+    """The sink is never the lower-ranked key of a pair (it is not in ``I'``)."""
+    index = sink_rank[:, None, None].expand(-1, bucket_max.shape[1], 1)
+    return bucket_max.scatter_(2, index, -torch.inf)
+
+
+def _range_min(threshold: Tensor) -> Tensor:
+    """``out[r, lo, hi] = min_{lo <= g <= hi} threshold[r, g]`` (+inf for ``lo > hi`` and ``lo = G``)."""
+    n_rows, n_sizes = threshold.shape
+    g = torch.arange(n_sizes, device=threshold.device)
+    table = threshold[:, None, :].expand(n_rows, n_sizes, n_sizes)
+    table = torch.where(g[None, :, None] <= g[None, None, :], table, torch.inf)  # [r, lo, hi]
+    table = torch.cummin(table, dim=-1).values
+    return torch.cat([table, torch.full_like(table[:, :1], torch.inf)], dim=1)
