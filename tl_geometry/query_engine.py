@@ -579,9 +579,12 @@ class _Screen:
 
     def _distances(self, group: Tensor, key: Tensor, row: Tensor, size: Tensor) -> Tensor:
         """Direct float64 distances of key ``key`` from ``s`` of (``row``, ``size``) in group ``group``."""
-        v = _ldexp(self.rows.v[group, key], -self.value_exp[group, row][:, None])
-        y = self.w_rows[group, row, key][:, None] * v
-        s = self.centers[group, row, size]
+        n_groups, n_keys, dim = self.rows.v.shape
+        n_rows, n_sizes = self.centers.shape[1:3]
+        v = self.rows.v.reshape(-1, dim).index_select(0, group * n_keys + key)  # flat gathers: fast
+        v = _ldexp(v, -self.value_exp.reshape(-1).index_select(0, group * n_rows + row)[:, None])
+        y = self.w_rows.reshape(-1).index_select(0, (group * n_rows + row) * n_keys + key)[:, None] * v
+        s = self.centers.reshape(-1, dim).index_select(0, (group * n_rows + row) * n_sizes + size)
         if self.rows.problem.distance == "euclidean":
             return torch.linalg.vector_norm(y - s, dim=-1)
         dot = einops.einsum(y, s, "c d, c d -> c")
