@@ -127,7 +127,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rss-child", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.rss_child is not None:
         return peak_rss_child(args.rss_child, args.seq_len)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
@@ -29,10 +30,11 @@ from torch import Tensor
 from .capture import LayerBatch, values_per_head
 from .errors import InputError
 from .models import ModelInfo
+from .query_engine import separability_queries
 from .rankings import DEFAULT_N_RANDOM, check_distance, check_n_random, check_rankings, check_seed, row_keys
 from .selection import NsLike
 from .separability import separability
-from .tables import KEY_COLUMNS, empty_table, head_rows_table
+from .tables import KEY_COLUMNS, empty_table, head_rows_table, query_rows_table
 
 #: Metric columns of the separability table, after :data:`~tl_geometry.tables.KEY_COLUMNS`.
 SEPARABILITY_METRICS = ["precision", "recall", "r_min", "r_max", "f_at_rmax", "f_at_rmin"]
@@ -42,6 +44,11 @@ LOCAL_ERROR_METRICS = ["retained_mass", "local_error_del", "local_error_ren"]
 SEPARABILITY_COLUMNS = ["rank_by", *SEPARABILITY_METRICS, *LOCAL_ERROR_METRICS, "distance", "n_draws"]
 
 _ROW_STATE_VERSION = 1
+
+#: From this many query positions per layer on, :class:`SeparabilityObserver` computes them all at
+#: once with :func:`tl_geometry.query_engine.separability_queries` (same rows, faster); fewer go
+#: through :func:`tl_geometry.separability` one position at a time.
+MIN_QUERIES_FOR_BLOCKS = 2
 
 
 @runtime_checkable
@@ -206,7 +213,15 @@ class SeparabilityObserver(RowMetricsObserver):
         }  # fmt: skip
 
     def observe(self, batch: LayerBatch) -> None:
-        """Add the rows of one layer of one forward pass, one block per ranking."""
+        """Add the rows of one layer of one forward pass, one block per ranking.
+
+        Many query positions (at least :data:`MIN_QUERIES_FOR_BLOCKS`) are computed together by
+        :func:`tl_geometry.query_engine.separability_queries`; the rows are the same, in the same
+        order (per query position: per ranking, sequence, head and ``N``).
+        """
+        if len(batch.query_positions) >= MIN_QUERIES_FOR_BLOCKS:
+            self._observe_queries(batch)
+            return
         values = values_per_head(batch.values, self.kv_head_of)  # [b, h, L, d]
         heads = torch.arange(values.shape[1], device=batch.seq_ids.device)
         for qi, q in enumerate(batch.query_positions):
@@ -218,11 +233,36 @@ class SeparabilityObserver(RowMetricsObserver):
                     seed=self.seed, row_keys=keys.to(weights.device), dtype=self.dtype,
                 )  # fmt: skip
                 metrics = {name: getattr(res, name) for name in [*SEPARABILITY_METRICS, *LOCAL_ERROR_METRICS]}
-                table = head_rows_table(batch, q, res.ns, self.kv_head_of, metrics)
-                table.insert(len(KEY_COLUMNS), "rank_by", rank_by)
-                table["distance"] = self.distance
-                table["n_draws"] = res.n_draws
-                self.chunks.append(table)
+                self.chunks.append(self._finish(head_rows_table(batch, q, res.ns, self.kv_head_of, metrics), res))
+
+    def _observe_queries(self, batch: LayerBatch) -> None:
+        """Every query position of ``batch`` at once (:func:`~tl_geometry.query_engine.separability_queries`)."""
+        heads = torch.arange(batch.weights.shape[1])
+        positions = torch.tensor(batch.query_positions, dtype=torch.int64)
+        keys = row_keys(seq=batch.seq_ids.cpu()[:, None, None], layer=batch.layer, head=heads[None, :, None],
+                        query_pos=positions[None, None, :])  # fmt: skip
+        tables = []
+        for rank_by in self.rank_by:
+            res = separability_queries(
+                batch.weights, batch.values, batch.query_positions, self.kv_head_of, self.ns, rank_by=rank_by,
+                distance=self.distance, n_random=self.n_random, seed=self.seed,
+                row_keys=keys.to(batch.weights.device), dtype=self.dtype,
+            )  # fmt: skip
+            metrics = {name: getattr(res, name) for name in [*SEPARABILITY_METRICS, *LOCAL_ERROR_METRICS]}
+            table = query_rows_table(batch.seq_ids, batch.layer, batch.query_positions, res.ns, res.valid,
+                                     self.kv_head_of, metrics)  # fmt: skip
+            tables.append(self._finish(table, res))
+        table = pd.concat(tables, ignore_index=True)
+        if len(tables) > 1:  # per query position, the rankings in turn (as one position at a time)
+            table = table.iloc[np.argsort(table["query_pos"].to_numpy(), kind="stable")].reset_index(drop=True)
+        self.chunks.append(table)
+
+    def _finish(self, table: pd.DataFrame, res: Any) -> pd.DataFrame:
+        """Add the ranking, distance and draw columns of ``res`` to a table of metrics."""
+        table.insert(len(KEY_COLUMNS), "rank_by", res.rank_by)
+        table["distance"] = self.distance
+        table["n_draws"] = res.n_draws
+        return table
 
 
 __all__ = [
@@ -231,6 +271,7 @@ __all__ = [
     "RowMetricsObserver",
     "RowObserver",
     "LOCAL_ERROR_METRICS",
+    "MIN_QUERIES_FOR_BLOCKS",
     "SEPARABILITY_COLUMNS",
     "SEPARABILITY_METRICS",
     "SeparabilityObserver",

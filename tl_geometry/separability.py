@@ -11,11 +11,13 @@ For one attention row with weights ``alpha`` (K keys) and values ``v`` (K x d):
 * ``f_at_rmax = 2 precision / (1 + precision)``, ``f_at_rmin = 2 recall / (1 + recall)``
   (Corollary 1: ``R(r_max, N) = P(r_min, N) = 1``).
 
-The fast path computes every ``N`` at once. For a fixed ``N`` the term ``||s(N)||^2`` is common
-to all keys, so comparisons use ``E_i(N) = ||y_i||^2 - 2 <y_i, s(N)>`` (``= D_i^2 - ||s||^2``),
-one batched matrix product per block of rows and sizes; the radii are then recomputed directly
-as ``||y_{i*} - s(N)||`` at the arg-max / arg-min key, so they carry no cancellation error.
-Everything is float64 unless the caller asks otherwise.
+The fast path computes every ``N`` at once. Each row (and random draw) is put in its selection
+order once; ``s(N)`` is a running sum along it. For a fixed ``N`` the term ``||s(N)||^2`` is
+common to all keys, so keys are screened with ``E_i(N) = ||y_i||^2 - 2 <y_i, s(N)>``
+(``= D_i^2 - ||s||^2``), one float32 matrix product per block of rows and sizes, with a rounding
+bound per key; every key the screen cannot call is decided by its direct float64 distance, and the
+radii are direct float64 distances ``||y_{i*} - s(N)||``. So the counts are those of float64
+distances (:mod:`tl_geometry.screening`).
 """
 
 from __future__ import annotations
@@ -42,12 +44,14 @@ from .rankings import (
     selection_order,
     uniform_scores,
 )
+from .screening import balanced_block, decide
 from .selection import NsLike, resolve_ns, sort_by_weight
 
-#: Size in bytes of one block of the ``E`` matrix (rows x keys x sizes). About 4 MiB balances the
-#: matrix product (faster in big blocks) against the masked reductions (faster in cache): on 2 CPU
-#: cores, 9 rows of K = 1024, every N, it ran in 0.11 s against 0.18 s at 1 MiB and 0.24 s at 64 MiB.
-DEFAULT_BLOCK_BYTES = 4 << 20
+#: Size in bytes of one block of the screen (rows x draws x sizes x keys, float32). About 8 MiB
+#: balances the matrix product and the per-block Python work (fewer, bigger blocks) against the
+#: passes over the block (faster in cache): on 2 CPU cores, SmolLM2's rows of K = 1024, 1 thread,
+#: every N: 9.7 ms per row against 12.1 at 4 MiB and 10.7 at 16 MiB.
+DEFAULT_BLOCK_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -111,12 +115,12 @@ def check_row_inputs(weights: Tensor, values: Tensor) -> None:
         raise InputError("attention rows must have at least one key (K >= 1), got K = 0")
     if values.shape[-1] < 1:
         raise InputError("value vectors must have at least one dimension (d_head >= 1), got d_head = 0")
-    if not bool(torch.isfinite(weights).all()):
+    if not bool(torch.isfinite(weights.abs().amax())):  # amax keeps NaN and inf; faster than isfinite().all()
         raise InputError(
             "attention weights contain NaN or inf: check the model's dtype (fp16 overflow) or "
             "the pattern you passed; separability is undefined for non-finite weights"
         )
-    if not bool(torch.isfinite(values).all()):
+    if not bool(torch.isfinite(values.abs().amax())):
         raise InputError("value vectors contain NaN or inf: check the model's dtype or the values you passed")
     if bool((weights < 0).any()):
         raise InputError("attention weights must be non-negative (softmax outputs); got a negative weight")
@@ -174,9 +178,10 @@ def separability(
         One key per row (:func:`tl_geometry.rankings.row_keys`) so that a row's draws do not depend
         on its batch; default: the row's index in the flattened batch.
     dtype : torch.dtype, default torch.float64
-        Precision of the distance computation. Counts are decided by comparisons of distances, so
-        keep float64 unless you accept that near-ties may be counted differently.
-    block_bytes : int, default 4 MiB
+        Precision of the decisions: every count and radius is that of float64 distances whatever
+        ``dtype`` (float32 or float16 give the same numbers). The engine screens in float32 and
+        decides in float64 every key too close to a threshold for float32 to call.
+    block_bytes : int, default 8 MiB
         Working-set size of one block of the distance computation; a tuning knob only.
 
     Returns
@@ -248,11 +253,19 @@ class _ScaledRows:
         v_max = v.abs().amax(dim=(-2, -1)) if v.shape[-1] else w.new_zeros(w.shape[0])
         value_exp = torch.frexp(v_max).exponent
         return cls(
-            torch.ldexp(w, -weight_exp[:, None]), torch.ldexp(v, -value_exp[:, None, None]), weight_exp, value_exp
+            _times_pow2(w, -weight_exp[:, None]), _times_pow2(v, -value_exp[:, None, None]), weight_exp, value_exp
         )
 
     def length_exp(self) -> Tensor:
         return self.weight_exp + self.value_exp
+
+
+def _times_pow2(x: Tensor, exponents: Tensor) -> Tensor:
+    """``x * 2^exponents`` rounded once, as ``torch.ldexp`` (a product by an exact power of two; ldexp
+    itself where a power would leave float64's range)."""
+    if bool((exponents.abs() <= 1000).all()):
+        return x * _pow2(exponents)
+    return torch.ldexp(x, exponents)
 
 
 def _orders(rows: _ScaledRows, rank_by: str, n_draws: int, seed: int, keys: Tensor | None) -> Tensor:
@@ -264,45 +277,41 @@ def _orders(rows: _ScaledRows, rank_by: str, n_draws: int, seed: int, keys: Tens
     return selection_order(uniform_scores(keys, n_keys, draws=n_draws, seed=seed))
 
 
+@torch.no_grad()
 def _separability_rows(
     rows: _ScaledRows, order: Tensor, ns: Tensor, distance: str, dtype: torch.dtype, block_bytes: int
 ) -> dict[str, Tensor]:
     """The engine on flat rows and their draws (``order``: [R, draws, K]): one [R, draws, G] float64
     tensor per metric.
 
-    The contributions ``y`` stay in key order, shared by the draws of a row; each draw only brings
-    its own centres ``s(N)`` (sums of ``y`` over its ranks) and its ranks, so one matrix product per
-    row serves every draw.
+    Each (row, draw) is put in its selection order once (contributions and weights gathered by
+    the order), its centres ``s(N)`` are a running sum along it, and
+    :func:`tl_geometry.screening.decide` gives the counts and radii of every size with float32
+    matrix products shared by all sizes of a block and exact float64 decisions.
     """
     n_rows, n_draws, n_keys = order.shape
+    dim = rows.values.shape[-1]
     device = order.device
     out = {name: torch.empty(n_rows, n_draws, ns.shape[0], dtype=torch.float64, device=device) for name in _FIELDS}
-    row_block = max(1, min(n_rows, 16 // n_draws))
-    cell_bytes = torch.finfo(dtype).bits // 8
-    size_block = max(1, block_bytes // (row_block * n_keys * n_draws * cell_bytes))
+    row_block = balanced_block(n_rows, max(1, 4 * block_bytes // max(1, n_draws * n_keys * dim * 8)))
     n_float = ns.to(torch.float64)
+    cosine_eps = COSINE_EPS * _pow2(-2 * rows.length_exp())
     for r0 in range(0, n_rows, row_block):
         block = slice(r0, r0 + row_block)
         keys = order[block]  # [r, draw, K]
-        rank = torch.empty_like(keys).scatter_(-1, keys, torch.arange(n_keys, device=device).expand_as(keys))
+        n_block = keys.shape[0]
         weights, values = rows.weights[block], rows.values[block]
         y = weights[..., None] * values  # contributions in key order [r, K, d], float64
-        alpha = torch.gather(weights[:, None, :].expand_as(keys), -1, keys)  # sorted weights [r, draw, K]
-        index = (torch.arange(keys.shape[0], device=device)[:, None, None] * n_keys + keys).reshape(-1)
-        sorted_y = y.reshape(-1, y.shape[-1]).index_select(0, index).view(*keys.shape, y.shape[-1])
-        centers = _centers(sorted_y, ns)  # s(N) of every draw, [r, draw, G, d]
-        screen = _Screen.of(y, centers, rank, distance, dtype, rows.length_exp()[block])
-        parts = [screen.counts(slice(g0, g0 + size_block), ns) for g0 in range(0, ns.shape[0], size_block)]
-        k_out, k_in, r_max, r_min = (torch.cat(p, dim=-1) for p in zip(*parts))
+        decided = decide(y, keys, ns, distance, cosine_eps[block], block_bytes)
+        shape = (n_block, n_draws, ns.shape[0])
+        k_out, k_in = decided.k_out.view(shape), decided.k_in.view(shape)
         out["precision"][block] = n_float / (n_float + k_out)
         out["recall"][block] = k_in / n_float
         scale = _pow2(rows.length_exp()[block])[:, None, None] if distance == "euclidean" else 1.0
-        out["r_max"][block] = r_max * scale
-        out["r_min"][block] = r_min * scale
-        mass = torch.cumsum(alpha, dim=-1)[..., ns - 1] * _pow2(rows.weight_exp[block])[:, None, None]
-        out["retained_mass"][block] = mass
-        z = y.sum(dim=1)[:, None, None, :]  # the head's output, [r, 1, 1, d]
-        out["local_error_del"][block], out["local_error_ren"][block] = _local_errors(z, centers, mass)
+        out["r_max"][block] = decided.r_max.view(shape) * scale
+        out["r_min"][block] = decided.r_min.view(shape) * scale
+        local = _local_columns(weights, keys, ns, rows.weight_exp[block], y, decided.centers.reshape(*shape, dim))
+        out["retained_mass"][block], out["local_error_del"][block], out["local_error_ren"][block] = local
     out["f_at_rmax"] = 2 * out["precision"] / (1 + out["precision"])
     out["f_at_rmin"] = 2 * out["recall"] / (1 + out["recall"])
     return out
@@ -328,134 +337,16 @@ _FIELDS = [
 ]  # fmt: skip
 
 
-@dataclass(frozen=True)
-class _Screen:
-    """Counts and radii of one block of rows and draws, screened in ``dtype`` and decided in float64.
-
-    The screening value of key ``i`` for draw ``r`` and size ``g`` is
-    ``E = ||y_i||^2 - 2 <y_i, s_rg>`` (Euclidean: ``D_i^2 - ||s_rg||^2``, the same order as ``D_i``)
-    or the cosine distance itself, computed in ``dtype`` by one batched matrix product for all
-    draws. Its error, together with that of the direct float64 distance, is below ``band / 2``
-    (``(d + 8)`` units in the last place of ``(max ||y|| + ||s||)^2``). A key farther than ``band``
-    from a threshold is decided by ``E``; where a key lies within it, the cell is decided by direct
-    float64 distances ``||y_i - s||``. The radii are always direct float64 distances. So the counts
-    are those of the direct computation whatever ``dtype`` screens.
-    """
-
-    y: Tensor  # [r, K, d] float64, contributions in key order (scaled)
-    centers: Tensor  # [r, draw, G, d] float64
-    rank: Tensor  # [r, draw, K] rank of each key in each draw's order
-    y_screen: Tensor  # [r, K, d] dtype
-    sq_screen: Tensor  # [r, K] dtype (||y||^2, Euclidean) or ||y|| (cosine)
-    distance: str
-    eps: Tensor  # [r] float64, the cosine constant at the rows' scale
-    unit: float  # relative rounding bound of the screening and the direct distances
-
-    @classmethod
-    def of(
-        cls, y: Tensor, centers: Tensor, rank: Tensor, distance: str, dtype: torch.dtype, length_exp: Tensor
-    ) -> "_Screen":
-        sq = einops.einsum(y, y, "r k d, r k d -> r k")
-        norms = sq if distance == "euclidean" else sq.sqrt()
-        unit = (y.shape[-1] + 8) * (torch.finfo(dtype).eps + torch.finfo(torch.float64).eps)
-        eps = COSINE_EPS * _pow2(-2 * length_exp)
-        return cls(y, centers, rank, y.to(dtype), norms.to(dtype), distance, eps, unit)
-
-    def counts(self, sizes: slice, ns: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``K_out``, ``K_in``, ``r_max``, ``r_min`` (scaled) for the sizes ``ns[sizes]``: four [r, draw, g]."""
-        s = self.centers[:, :, sizes]  # [r, draw, g, d]
-        n_block = ns[sizes]
-        n_rows, n_draws, n_sizes, _ = s.shape
-        n_keys = self.y.shape[1]
-        s_t = einops.rearrange(s.to(self.y_screen.dtype), "r draw g d -> r d (draw g)")
-        s_norm = torch.linalg.vector_norm(s, dim=-1)  # [r, draw, g] float64
-        if self.distance == "euclidean":
-            e = torch.baddbmm(self.sq_screen[:, :, None], self.y_screen, s_t, alpha=-2)
-            y_max = self.sq_screen.amax(dim=-1).to(torch.float64).sqrt()[:, None, None]
-            band = 2 * self.unit * (y_max + s_norm) ** 2
-        else:
-            norm_s = einops.rearrange(s_norm, "r draw g -> r 1 (draw g)").to(self.y_screen.dtype)
-            e = _cosine(torch.bmm(self.y_screen, s_t), self.sq_screen[:, :, None], norm_s, self.eps[:, None, None])
-            band = torch.full_like(s_norm, 2 * self.unit)
-        e = e.view(n_rows, n_keys, n_draws, n_sizes)
-        band = band.to(e.dtype)
-        inside = self.rank.transpose(1, 2)[..., None] < n_block  # [r, K, draw, g]: key i in I_N
-        # the selected keys with -inf elsewhere, and the others with +inf elsewhere
-        e_in = torch.where(inside, e, -torch.inf)
-        e_out = torch.where(inside, torch.inf, e)
-        e_max, i_max = e_in.max(dim=1)
-        e_min, j_min = e_out.min(dim=1)
-        n_out = (n_keys - n_block).expand_as(e_max)
-        lo_max, hi_max = e_max - band, e_max + band
-        lo_min, hi_min = e_min - band, e_min + band
-        # K_out: the others within r_max; K_in: the selected within r_min (e_in < t also counts the
-        # n_out others at -inf); each certain outside the band
-        out_lo, out_hi = (e_out < lo_max[:, None]).sum(1), (e_out <= hi_max[:, None]).sum(1)
-        in_lo, in_hi = (e_in < lo_min[:, None]).sum(1) - n_out, (e_in <= hi_min[:, None]).sum(1) - n_out
-        # radii: the direct distance at the extreme key, or the extreme over the keys near it
-        r_max, r_min = self._at(i_max, s), self._at(j_min, s)
-        unsure_max = (e_in >= lo_max[:, None]).sum(1) > 1
-        unsure_min = (e_out <= hi_min[:, None]).sum(1) > 1
-        if bool(unsure_max.any()):
-            near = (e_in >= lo_max[:, None]) & unsure_max[:, None]
-            r_max = torch.where(unsure_max, self._extreme(near, sizes, "amax"), r_max)
-        if bool(unsure_min.any()):
-            near = (e_out <= hi_min[:, None]) & unsure_min[:, None]
-            r_min = torch.where(unsure_min, self._extreme(near, sizes, "amin"), r_min)
-        r_min = torch.where(n_out == 0, torch.inf, r_min)
-        k_out, k_in = out_lo, in_lo
-        unsure_out, unsure_in = out_lo != out_hi, in_lo != in_hi
-        if bool(unsure_out.any()):
-            cells = (e_out >= lo_max[:, None]) & (e_out <= hi_max[:, None]) & unsure_out[:, None]
-            k_out = k_out + self._within(cells, sizes, r_max)
-        if bool(unsure_in.any()):
-            cells = (e_in >= lo_min[:, None]) & (e_in <= hi_min[:, None]) & unsure_in[:, None]
-            k_in = k_in + self._within(cells, sizes, r_min)
-        return k_out, k_in, r_max, r_min
-
-    def _distances(self, row: Tensor, key: Tensor, draw: Tensor, size: Tensor, sizes: slice) -> Tensor:
-        """Float64 distances of key ``key`` from ``s`` of (``draw``, ``size``) in row ``row`` (flat indices)."""
-        y, s = self.y[row, key], self.centers[:, :, sizes][row, draw, size]
-        if self.distance == "euclidean":
-            return torch.linalg.vector_norm(y - s, dim=-1)
-        dot = einops.einsum(y, s, "c d, c d -> c")
-        return _cosine(dot, torch.linalg.vector_norm(y, dim=-1), torch.linalg.vector_norm(s, dim=-1), self.eps[row])
-
-    def _at(self, key: Tensor, s: Tensor) -> Tensor:
-        """Direct distance of key ``key[r, draw, g]`` from ``s[r, draw, g]``: [r, draw, g]."""
-        n_rows, n_draws, n_sizes = key.shape
-        row = torch.arange(n_rows, device=key.device)[:, None, None].expand_as(key).reshape(-1)
-        y, s = self.y[row, key.reshape(-1)], s.reshape(-1, s.shape[-1])
-        if self.distance == "euclidean":
-            dist = torch.linalg.vector_norm(y - s, dim=-1)
-        else:
-            dot = einops.einsum(y, s, "c d, c d -> c")
-            dist = _cosine(dot, torch.linalg.vector_norm(y, dim=-1), torch.linalg.vector_norm(s, dim=-1), self.eps[row])
-        return dist.view(key.shape)
-
-    def _extreme(self, mask: Tensor, sizes: slice, reduce: str) -> Tensor:
-        """Max / min direct distance over the keys of ``mask`` [r, K, draw, g]: [r, draw, g]."""
-        row, key, draw, size = mask.nonzero(as_tuple=True)
-        dist = self._distances(row, key, draw, size, sizes)
-        n_rows, _, n_draws, n_sizes = mask.shape
-        fill = -torch.inf if reduce == "amax" else torch.inf
-        out = torch.full((n_rows * n_draws * n_sizes,), fill, dtype=torch.float64, device=mask.device)
-        out.scatter_reduce_(0, (row * n_draws + draw) * n_sizes + size, dist, reduce=reduce)
-        return out.view(n_rows, n_draws, n_sizes)
-
-    def _within(self, mask: Tensor, sizes: slice, radius: Tensor) -> Tensor:
-        """How many keys of ``mask`` [r, K, draw, g] lie within ``radius`` [r, draw, g]."""
-        row, key, draw, size = mask.nonzero(as_tuple=True)
-        hits = (self._distances(row, key, draw, size, sizes) <= radius[row, draw, size]).to(torch.int64)
-        n_rows, _, n_draws, n_sizes = mask.shape
-        out = torch.zeros(n_rows * n_draws * n_sizes, dtype=torch.int64, device=mask.device)
-        return out.index_add_(0, (row * n_draws + draw) * n_sizes + size, hits).view(n_rows, n_draws, n_sizes)
-
-
-def _cosine(dot: Tensor, norm_y: Tensor, norm_s: Tensor, eps: Tensor) -> Tensor:
-    """``1 - dot / (||y|| ||s|| + eps)`` with ``eps`` at the rows' scale; 1 where the denominator is 0."""
-    denominator = norm_y * norm_s + eps.to(dot.dtype)
-    return 1 - torch.where(denominator > 0, dot / denominator, 0.0)
+def _local_columns(
+    weights: Tensor, order: Tensor, ns: Tensor, weight_exp: Tensor, y: Tensor, centers: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``retained_mass``, ``local_error_del``, ``local_error_ren`` [r, draw, G] (definitions §7) of
+    rows ``weights`` [r, K] (scaled), orders [r, draw, K], contributions ``y`` [r, K, d] and
+    centres [r, draw, G, d]: a running sum of the sorted weights, and the output ``z`` once per row."""
+    alpha = torch.gather(weights[:, None, :].expand_as(order), -1, order)  # sorted weights [r, draw, K]
+    mass = torch.cumsum(alpha, dim=-1)[..., ns - 1] * _pow2(weight_exp)[:, None, None]
+    z = y.sum(dim=1)[:, None, None, :]  # the head's output, [r, 1, 1, d]
+    return mass, *_local_errors(z, centers, mass)
 
 
 def _local_errors(z: Tensor, centers: Tensor, mass: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,644 @@
+"""Separability of many query rows of one layer at once (definitions §2 and §7): the query engine.
+
+:func:`tl_geometry.separability` takes rows of one length. Every query position of a window means
+rows of every length (query ``q`` sees the keys ``0..q``), so the observer used to call it once
+per position: 512 calls per layer for a 512-token window. This engine takes every chosen query row
+of a layer, every head and every ranking draw in blocks of queries, and shares the work that does
+not depend on the row:
+
+* **one value matrix per key/value head.** For a row with weights ``alpha`` the screening value
+  of key ``i`` is ``E_i(N) = ||y_i||^2 - 2 <y_i, s(N)> = alpha_i (alpha_i ||v_i||^2 - 2 <v_i, s(N)>)``
+  (``D_i(N)^2 - ||s(N)||^2``; ``y_i = alpha_i v_i``). The inner products ``<v_i, s(N)>`` of every
+  query, every query head of a grouped-query group and every ``N`` come from **one** matrix product
+  ``V S^T`` per key/value head and block (``V`` the group's values ``[K, d]``, ``S`` every row's
+  centres ``[rows * sizes, d]``), instead of one small product per row with its own
+  contributions ``alpha_i v_i``;
+* **rows of different lengths in one tensor.** A block of queries is padded to its longest row:
+  a key ``i > q`` of row ``q`` gets the score ``-inf`` (it sorts after every real key, so the
+  selection order of the real keys, ties included, is the one of the row alone, and ``N <= q + 1``
+  never selects it) and the screening value ``+inf`` among the unselected keys (so no count, no
+  ``r_min`` and no re-check ever sees it). Each query keeps its own grid of ``N``
+  (:func:`tl_geometry.selection.resolve_ns` with ``K = q + 1``), padded with ``N = K`` and dropped;
+* **no Python loop over query positions**: one block is a handful of tensor operations whatever the
+  number of queries in it; ``block_cells`` bounds its memory.
+
+Everything else is the per-row engine's discipline, unchanged: each row is scaled by powers of two
+(exact: its weights to sum at most 1, its values — the keys ``0..q`` it sees — to a largest
+component in ``[1/2, 1)``), the centres ``s(N)`` are running sums in selection order in float64
+(the same operations as the per-row engine, so the same numbers), a key farther than the rounding
+band from a threshold is decided by ``E``, every key within it by direct float64 distances
+``||y_i - s(N)||``, and the radii are always direct float64 distances at the arg-max / arg-min
+key (or the extreme over the keys near it). So counts are those of the direct computation and the
+radii carry no cancellation error, for ``dtype=float64`` and for ``dtype=float32`` screening.
+
+Why not the Gram matrix ``G = V V^T``? ``<y_i, s(N)> = alpha_i sum_{j in I_N} alpha_j G_ij`` needs
+``K`` products per key and row (running sums over the row's own order, a ``[K, K]`` gather per
+row) where ``<v_i, s(N)>`` needs ``d`` per key and size in one large matrix product; for
+``K`` up to 1024 and ``d_head = 64`` the value route is several times faster (docs/scaling.md), and
+the centres ``s(N)`` are needed in ``d`` dimensions anyway for the exact radii and local errors.
+
+Examples
+--------
+>>> import torch
+>>> w = torch.softmax(torch.randn(1, 2, 4, 4).tril() * 4 - torch.ones(4, 4).triu(1) * 1e9, -1)
+>>> v = torch.randn(1, 4, 1, 3)
+>>> rows = separability_queries(w, v, [0, 1, 2, 3], kv_head_of=torch.tensor([0, 0]), ns="all")
+>>> rows.ns.tolist()   # one grid per query (K = q + 1), padded with 0
+[[1, 0, 0, 0], [1, 2, 0, 0], [1, 2, 3, 0], [1, 2, 3, 4]]
+>>> rows.precision.shape   # [batch, head, query, n]
+torch.Size([1, 2, 4, 4])
+>>> from tl_geometry import separability
+>>> one = separability(w[:, :, 2, :3], v[:, :3, 0][:, None].expand(1, 2, 3, 3), "all")
+>>> torch.equal(one.recall, rows.recall[:, :, 2, :3])
+True
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+
+import einops
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from ._typing import typechecked
+from .errors import InputError
+from .rankings import (
+    COSINE_EPS,
+    DEFAULT_N_RANDOM,
+    check_distance,
+    check_n_random,
+    check_rank_by,
+    check_seed,
+    row_keys,
+    selection_order,
+    uniform_scores,
+)
+from .selection import NsLike, resolve_ns
+from .separability import check_row_inputs
+
+#: Cells (rows x keys x (sizes + d_head)) of one block. About 2 M cells (16 MiB per float64 tensor
+#: of the block) balances the per-block overhead against the cache; see docs/scaling.md.
+DEFAULT_BLOCK_CELLS = 1 << 21
+
+#: A row whose values' scale lies more than ``2**MAX_SCALE_GAP`` below its block's (values of very
+#: different magnitudes in one window) is not screened: every key of it is decided by direct
+#: float64 distances (exact, only slower).
+MAX_SCALE_GAP = 60
+
+#: Up to this gap the rows' contributions are formed from the block's values (``w 2^gap`` times
+#: ``v 2^-block_exp``), which is exact; beyond it from each row's own scaled values.
+MAX_FOLDED_GAP = 900
+
+#: The metrics of :class:`QueryRows`, in the order of :class:`tl_geometry.separability.Separability`.
+METRICS = (
+    "precision", "recall", "r_min", "r_max", "f_at_rmax", "f_at_rmin",
+    "retained_mass", "local_error_del", "local_error_ren",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class QueryRows:
+    """Separability of every head and chosen query row of one layer (definitions §2 and §7).
+
+    Attributes
+    ----------
+    query_positions : the query positions ``q``, in the order given (row ``q`` has ``K = q + 1`` keys).
+    ns : [query, n] int64
+        The selection sizes of each query's grid (resolved with ``K = q + 1``), padded with 0.
+    valid : [query, n] bool
+        Where ``ns`` holds a size (``ns > 0``).
+    precision, recall, r_min, r_max, f_at_rmax, f_at_rmin, retained_mass, local_error_del, local_error_ren :
+        [batch, head, query, n] float64, as in :class:`tl_geometry.separability.Separability`
+        (NaN where ``valid`` is false). With ``rank_by="random"`` each is the mean over the
+        ``n_draws`` draws of the row.
+    rank_by, distance, n_draws : the ranking, the distance and the draws averaged per row.
+    """
+
+    query_positions: tuple[int, ...]
+    ns: Int[Tensor, "query n"]
+    valid: Bool[Tensor, "query n"]
+    precision: Float[Tensor, "batch head query n"]
+    recall: Float[Tensor, "batch head query n"]
+    r_min: Float[Tensor, "batch head query n"]
+    r_max: Float[Tensor, "batch head query n"]
+    f_at_rmax: Float[Tensor, "batch head query n"]
+    f_at_rmin: Float[Tensor, "batch head query n"]
+    retained_mass: Float[Tensor, "batch head query n"]
+    local_error_del: Float[Tensor, "batch head query n"]
+    local_error_ren: Float[Tensor, "batch head query n"]
+    rank_by: str = "attention"
+    distance: str = "euclidean"
+    n_draws: int = 1
+
+
+@typechecked
+def separability_queries(
+    weights: Float[Tensor, "batch head query key"],
+    values: Float[Tensor, "batch key kv_head d"],
+    query_positions: Sequence[int],
+    kv_head_of: Int[Tensor, " head"],
+    ns: NsLike = "log",
+    *,
+    rank_by: str = "attention",
+    distance: str = "euclidean",
+    n_random: int = DEFAULT_N_RANDOM,
+    seed: int = 0,
+    row_keys: Int[Tensor, "batch head query"] | None = None,
+    dtype: torch.dtype = torch.float64,
+    block_cells: int = DEFAULT_BLOCK_CELLS,
+) -> QueryRows:
+    """Separability of every head and query row of one layer, all query positions at once.
+
+    Row ``(b, h, j)`` is the attention row of query ``q = query_positions[j]``: weights
+    ``weights[b, h, j, :q + 1]`` over the values ``values[b, :q + 1, kv_head_of[h]]``. Its metrics are
+    those :func:`tl_geometry.separability` gives for that row alone (same counts, radii to rounding),
+    for its own grid ``resolve_ns(ns, q + 1)``.
+
+    Parameters
+    ----------
+    weights : [batch, head, query, key]
+        Attention rows of the chosen queries; keys after ``q`` are ignored (the pattern's zeros).
+    values : [batch, key, kv_head, d]
+        Value vectors of every position (as ``hook_v`` gives them).
+    query_positions : sequence of int
+        ``q`` of each query row, ``0 <= q < key``.
+    kv_head_of : [head] int64
+        The key/value head of each query head (definitions §1).
+    ns, rank_by, distance, n_random, seed, dtype : as for :func:`tl_geometry.separability`.
+    row_keys : [batch, head, query] int64, optional
+        Keys of the rows for ``rank_by="random"`` (:func:`tl_geometry.rankings.row_keys`).
+    block_cells : int
+        Working-set size of one block (rows x keys x (sizes + d)); a tuning knob only.
+
+    Returns
+    -------
+    QueryRows
+    """
+    rank_by, distance = check_rank_by(rank_by), check_distance(distance)
+    n_random, seed = check_n_random(n_random), check_seed(seed)
+    queries = tuple(int(q) for q in query_positions)
+    n_batch, n_heads, n_queries, n_pos = weights.shape
+    if len(queries) != n_queries:
+        raise InputError(f"{len(queries)} query positions for {n_queries} query rows: give one position per row")
+    if values.shape[0] != n_batch or values.shape[1] != n_pos:
+        raise InputError(
+            f"values of shape {tuple(values.shape)} do not match the weights {tuple(weights.shape)}: "
+            "give [batch, key, kv_head, d] with the weights' batch and keys"
+        )
+    if any(not 0 <= q < n_pos for q in queries):
+        raise InputError(f"query positions must lie in 0..{n_pos - 1} (the rows have {n_pos} keys), got {queries}")
+    if kv_head_of.numel() != n_heads or bool(((kv_head_of < 0) | (kv_head_of >= values.shape[2])).any()):
+        raise InputError(f"kv_head_of must give one key/value head in 0..{values.shape[2] - 1} per query head")
+    if row_keys is not None and tuple(row_keys.shape) != (n_batch, n_heads, n_queries):
+        raise InputError(f"row_keys must have shape {(n_batch, n_heads, n_queries)}, one key per row")
+    with _block_threads(weights.device) as workers:  # see _solve_all
+        return _compute(weights, values, queries, kv_head_of, ns, rank_by, distance, n_random, seed, row_keys,
+                        dtype, block_cells, workers)  # fmt: skip
+
+
+def _compute(
+    weights: Tensor, values: Tensor, queries: tuple[int, ...], kv_head_of: Tensor, ns: NsLike, rank_by: str,
+    distance: str, n_random: int, seed: int, row_keys: Tensor | None, dtype: torch.dtype, block_cells: int,
+    workers: int,
+) -> QueryRows:  # fmt: skip
+    """:func:`separability_queries` after its checks."""
+    n_batch, n_heads, n_queries, n_pos = weights.shape
+    device = weights.device
+    q_t = torch.tensor(queries, dtype=torch.int64, device=device)
+    causal = torch.arange(n_pos, device=device) <= q_t[:, None]  # [query, key]
+    weights = torch.where(causal, weights, 0).to(torch.float64)
+    values = values[:, : max(queries) + 1]  # the keys some row sees
+    check_row_inputs(weights, values)
+    values, kv_head_of = _grouped(values, kv_head_of)
+    grid = _Grid.of(ns, queries, device)
+    n_draws = n_random if rank_by == "random" else 1
+    shape = (n_batch, n_heads, n_queries, n_draws, grid.ns.shape[1])
+    out = {name: torch.full(shape, torch.nan, dtype=torch.float64, device=device) for name in _COMPUTED}
+    problem = _Problem(weights[..., : values.shape[1]], values.to(torch.float64), kv_head_of, q_t, grid, rank_by,
+                       distance, n_draws, seed, row_keys, dtype)  # fmt: skip
+    blocks = _blocks(queries, n_batch * n_heads * n_draws, values.shape[-1], grid, block_cells)
+    _solve_all(problem, blocks, out, workers)
+    # the F-scores of each draw, then means over the draws (definitions §7)
+    out["f_at_rmax"] = 2 * out["precision"] / (1 + out["precision"])
+    out["f_at_rmin"] = 2 * out["recall"] / (1 + out["recall"])
+    nan = torch.tensor(torch.nan, dtype=torch.float64, device=device)
+    metrics = {
+        name: torch.where(grid.valid, x[:, :, :, 0] if n_draws == 1 else x.mean(dim=3), nan) for name, x in out.items()
+    }
+    return QueryRows(
+        query_positions=queries, ns=torch.where(grid.valid, grid.ns, 0), valid=grid.valid,
+        **{name: metrics[name] for name in METRICS}, rank_by=rank_by, distance=distance, n_draws=n_draws,
+    )  # fmt: skip
+
+
+#: The metrics computed per draw (the F-scores follow from precision and recall).
+_COMPUTED = [m for m in METRICS if not m.startswith("f_")]
+
+
+def _grouped(values: Tensor, kv_head_of: Tensor) -> tuple[Tensor, Tensor]:
+    """Values and ``kv_head_of`` such that the heads of a key/value head are consecutive and
+    equally many (``h // group``, as models group them); other maps get one value head per head."""
+    n_heads, n_kv = kv_head_of.numel(), values.shape[2]
+    if n_heads % n_kv == 0:
+        standard = torch.arange(n_heads, device=kv_head_of.device) // (n_heads // n_kv)
+        if torch.equal(kv_head_of.to(standard.device), standard):
+            return values, standard
+    per_head = values.index_select(2, kv_head_of.to(values.device))
+    return per_head, torch.arange(n_heads, device=kv_head_of.device)
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """Each query's selection sizes, padded to the longest grid with ``N = K`` (valid = False)."""
+
+    ns: Tensor  # [query, G] int64
+    valid: Tensor  # [query, G] bool
+
+    @classmethod
+    def of(cls, ns: NsLike, queries: tuple[int, ...], device: torch.device) -> "_Grid":
+        if isinstance(ns, (str, type(None))):
+            key: object = ns
+        else:
+            key = tuple(int(n) for n in (ns.tolist() if hasattr(ns, "tolist") else ns))
+        padded, valid = _grids(key, queries)  # every layer of a run asks for the same grids
+        return cls(padded.to(device), valid.to(device))
+
+
+@lru_cache(maxsize=16)
+def _grids(ns: object, queries: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+    """Each query's grid ``resolve_ns(ns, q + 1)`` padded with ``N = K``, and where it is valid."""
+    grids = {k: resolve_ns(ns, k) for k in sorted({q + 1 for q in queries})}
+    width = max(g.shape[0] for g in grids.values())
+    padded = torch.stack([torch.cat([g, g.new_full((width - g.shape[0],), k)]) for k, g in grids.items()])
+    valid = torch.stack([torch.arange(width) < g.shape[0] for g in grids.values()])
+    index = torch.tensor([list(grids).index(q + 1) for q in queries], dtype=torch.int64)
+    return padded[index], valid[index]
+
+
+def _blocks(queries: tuple[int, ...], rows_per_query: int, dim: int, grid: _Grid, block_cells: int) -> list[Tensor]:
+    """Query indices in blocks of nearby positions, each within ``block_cells`` (one query at least),
+    none padding its shortest row by more than a quarter (plus 8 keys)."""
+    by_position = sorted(range(len(queries)), key=lambda j: queries[j])
+    width = grid.valid.sum(dim=1).tolist()
+    blocks: list[list[int]] = []
+    current: list[int] = []
+    top = 0
+    for j in by_position:
+        keys = max(top, queries[j] + 1)
+        sizes = max([width[i] for i in current] + [width[j]])
+        too_long = current and keys > (queries[current[0]] + 1) * 5 // 4 + 8
+        if current and (too_long or rows_per_query * (len(current) + 1) * keys * (sizes + dim) > block_cells):
+            blocks.append(current)
+            current, keys = [], queries[j] + 1
+        current.append(j)
+        top = keys
+    blocks.append(current)
+    return [torch.tensor(b, dtype=torch.int64) for b in blocks]
+
+
+@contextmanager
+def _block_threads(device: torch.device) -> Iterator[int]:
+    """How many threads solve whole blocks (torch's intra-op threads on the CPU, else 1), with torch
+    itself set to one intra-op thread meanwhile (restored after).
+
+    A block is dozens of tensor operations of a few milliseconds each; splitting each of them
+    across threads costs a barrier per operation, which on a shared machine waits for the slowest
+    core every time. Whole blocks per thread avoid that; the blocks write disjoint queries.
+    """
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads <= 1:
+        yield 1
+        return
+    torch.set_num_threads(1)
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _solve_all(problem: "_Problem", blocks: list[Tensor], out: dict[str, Tensor], workers: int) -> None:
+    """Solve every block, on ``workers`` threads (see :func:`_block_threads`)."""
+    if workers <= 1 or len(blocks) <= 1:
+        for block in blocks:
+            problem.solve(block, out)
+        return
+    inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+
+    def solve(block: Tensor) -> None:  # in the caller's autograd modes (they are per thread)
+        torch.set_num_threads(1)  # this worker's operations run on it alone
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            problem.solve(block, out)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(solve, blocks))
+
+
+@dataclass
+class _Problem:
+    """One layer's rows; :meth:`solve` computes one block of queries into the output tensors."""
+
+    weights: Tensor  # [b, h, Q, L] float64, zero after q
+    values: Tensor  # [b, L, g, d] float64
+    kv_head_of: Tensor  # [h], consecutive equal groups
+    queries: Tensor  # [Q] int64
+    grid: _Grid
+    rank_by: str
+    distance: str
+    n_draws: int
+    seed: int
+    row_keys: Tensor | None
+    dtype: torch.dtype
+
+    def solve(self, block: Tensor, out: dict[str, Tensor]) -> None:
+        block = block.to(self.weights.device)
+        n_batch, n_heads = self.weights.shape[:2]
+        n_kv = self.values.shape[2]
+        q = self.queries[block]  # [Qb]
+        n_keys = int(q.max()) + 1
+        rows = _BlockRows.of(self, block, q, n_keys)
+        metrics = rows.metrics()
+        for name, x in metrics.items():  # x: [P, hg, Qb, draw, G] -> out [b, h, Q, draw, G]
+            x = einops.rearrange(x, "(b g) j q r n -> b (g j) q r n", b=n_batch, g=n_kv)
+            out[name][:, :, block, :, : x.shape[-1]] = x
+
+
+@dataclass
+class _BlockRows:
+    """The rows of one block of queries, grouped by key/value head.
+
+    Shapes: ``P = batch * kv_head`` groups, ``J = heads per group``, ``Qb`` queries, ``D`` draws,
+    ``K`` keys (the block's longest row), ``G`` sizes, ``d`` value dimensions. The engine rows
+    ``e = (j, q, draw)`` of a group share its values.
+    """
+
+    problem: _Problem
+    q: Tensor  # [Qb]
+    ns: Tensor  # [Qb, G]
+    w: Tensor  # [P, J, Qb, K] scaled weights, float64
+    v: Tensor  # [P, K, d] float64, unscaled
+    weight_exp: Tensor  # [P, J, Qb]
+    value_exp: Tensor  # [P, Qb]
+    order: Tensor  # [P, J, Qb, D, K]
+    block_exp: Tensor  # [P] the largest value exponent of the block
+    v_block: Tensor  # [P, K, d] float64, v * 2^-block_exp
+
+    @classmethod
+    def of(cls, problem: _Problem, block: Tensor, q: Tensor, n_keys: int) -> "_BlockRows":
+        n_kv = problem.values.shape[2]
+        w = problem.weights[:, :, block, :n_keys]  # [b, h, Qb, K]
+        w = einops.rearrange(w, "b (g j) q k -> (b g) j q k", g=n_kv)
+        v = einops.rearrange(problem.values[:, :n_keys], "b k g d -> (b g) k d")
+        # the per-row scaling of tl_geometry.separability: keys 0..q of each row
+        log_keys = torch.tensor([math.ceil(math.log2(k + 1)) for k in q.tolist()], device=w.device)
+        weight_exp = torch.frexp(w.amax(dim=-1)).exponent + log_keys
+        running = torch.cummax(v.abs().amax(dim=-1), dim=-1).values  # [P, K]: max |v| over keys 0..k
+        value_exp = torch.frexp(running[:, q]).exponent  # [P, Qb]
+        w = _ldexp(w, -weight_exp[..., None])
+        width = int(problem.grid.valid[block].sum(dim=1).max())  # the block's longest grid
+        block_exp = value_exp.amax(dim=-1)
+        v_block = _ldexp(v, -block_exp[:, None, None])
+        order = cls._order(problem, block, q, w, v_block)
+        return cls(problem, q, problem.grid.ns[block, :width], w, v, weight_exp, value_exp, order, block_exp, v_block)
+
+    @staticmethod
+    def _order(problem: _Problem, block: Tensor, q: Tensor, w: Tensor, v: Tensor) -> Tensor:
+        """The selection order of every row and draw, padding keys last: [P, J, Qb, D, K]."""
+        n_keys = w.shape[-1]
+        keys = torch.arange(n_keys, device=w.device)
+        padding = keys > q[:, None]  # [Qb, K]
+        if problem.rank_by == "attention":
+            scores = w
+        elif problem.rank_by == "contribution":
+            scores = w * torch.linalg.vector_norm(v, dim=-1)[:, None, None, :]
+        elif problem.rank_by == "sink_window":
+            scores = torch.where(keys == 0, torch.inf, keys.double()).expand_as(w)
+        else:
+            n_kv = problem.values.shape[2]
+            keys_all = problem.row_keys
+            if keys_all is None:  # the row's index in the flattened [batch, head, query] of the call
+                b, h, n_q = problem.weights.shape[:3]
+                keys_all = row_keys(seq=torch.arange(b * h * n_q, device=w.device).reshape(b, h, n_q))
+            keys_blk = einops.rearrange(keys_all[:, :, block.to(keys_all.device)].to(w.device),
+                                        "b (g j) q -> (b g) j q", g=n_kv)  # fmt: skip
+            scores = uniform_scores(keys_blk, n_keys, draws=problem.n_draws, seed=problem.seed)
+            return selection_order(torch.where(padding[:, None, :], -torch.inf, scores))
+        return selection_order(torch.where(padding, -torch.inf, scores))[:, :, :, None, :]
+
+    def metrics(self) -> dict[str, Tensor]:
+        """Every per-draw metric of the block: [P, J, Qb, D, G] float64."""
+        p = self.problem
+        n_groups, n_per, n_q, n_draws, n_keys = self.order.shape
+        dim = self.v.shape[-1]
+        device = self.w.device
+        order = self.order.reshape(n_groups, -1, n_keys)  # [P, E, K], E = (j, q, draw)
+        n_rows = order.shape[1]
+        # per engine row: its weight row's scaled weights and exponents
+        w_rows = einops.repeat(self.w, "p j q k -> p (j q r) k", r=n_draws)
+        value_exp = einops.repeat(self.value_exp, "p q -> p (j q r)", j=n_per, r=n_draws)
+        weight_exp = einops.repeat(self.weight_exp, "p j q -> p (j q r)", r=n_draws)
+        ns = einops.repeat(self.ns, "q n -> (j q r) n", j=n_per, r=n_draws)  # [E, G]
+        q_rows = einops.repeat(self.q, "q -> (j q r)", j=n_per, r=n_draws)  # [E]
+        # centres s(N): running sums of the contributions in selection order, float64, as the per-row
+        # engine forms them (y = w * (v 2^-value_exp)); the row's scale is carried by w when exact
+        flat = (torch.arange(n_groups, device=device)[:, None, None] * n_keys + order).reshape(-1)
+        sorted_w = torch.gather(w_rows, -1, order)
+        gap = self.block_exp[:, None] - value_exp  # [P, E] >= 0
+        if int(gap.max()) <= MAX_FOLDED_GAP:  # w 2^gap and v 2^-block_exp are exact
+            sorted_y = self.v_block.reshape(-1, dim).index_select(0, flat).view(n_groups, n_rows, n_keys, dim)
+            sorted_y.mul_((sorted_w * _pow2(gap)[..., None])[..., None])
+        else:
+            sorted_y = self.v.reshape(-1, dim).index_select(0, flat).view(n_groups, n_rows, n_keys, dim)
+            sorted_y = _ldexp(sorted_y, -value_exp[..., None, None]).mul_(sorted_w[..., None])
+        sorted_y.cumsum_(dim=-2)
+        centers = torch.gather(sorted_y, -2, einops.repeat(ns - 1, "e n -> p e n d", p=n_groups, d=dim))
+        z = torch.gather(sorted_y, -2, einops.repeat(q_rows, "e -> p e 1 d", p=n_groups, d=dim))  # s(K): the output
+        del sorted_y
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(n_keys, device=device).expand_as(order))
+        screen = _Screen.of(self, w_rows, value_exp, weight_exp, ns, q_rows, rank, centers)
+        k_out, k_in, r_max, r_min = screen.counts()
+        n_float = ns.to(torch.float64)
+        out = {"precision": n_float / (n_float + k_out), "recall": k_in / n_float}
+        if p.distance == "euclidean":
+            scale = _pow2(weight_exp + value_exp)[..., None]
+            r_max, r_min = r_max * scale, r_min * scale
+        out["r_max"], out["r_min"] = r_max, r_min
+        mass = torch.gather(torch.cumsum(sorted_w, dim=-1), -1, einops.repeat(ns - 1, "e n -> p e n", p=n_groups))
+        mass = mass * _pow2(weight_exp)[..., None]
+        out["retained_mass"] = mass
+        out["local_error_del"], out["local_error_ren"] = _local_errors(z, centers, mass)
+        return {name: einops.rearrange(x, "p (j q r) n -> p j q r n", j=n_per, q=n_q) for name, x in out.items()}
+
+
+@dataclass
+class _Screen:
+    """Counts and radii of one block, screened in ``dtype`` from one value product per group and
+    decided in float64 (the scheme of ``tl_geometry.separability``; see the module docstring).
+
+    ``e[p, i, e, g]`` is ``E_i`` (Euclidean, ``D_i^2 - ||s||^2``) or the cosine distance of key
+    ``i`` for engine row ``e`` and size ``g``; its error and that of the direct float64 distance
+    are below ``band / 2``. Padding keys (``i > q``) are never selected; they get ``+inf`` among
+    the unselected keys.
+    """
+
+    rows: _BlockRows
+    w_rows: Tensor  # [P, E, K] scaled weights
+    value_exp: Tensor  # [P, E]
+    ns: Tensor  # [E, G]
+    q: Tensor  # [E]
+    rank: Tensor  # [P, E, K]
+    centers: Tensor  # [P, E, G, d] float64, scaled
+    eps: Tensor  # [P, E] the cosine constant at the rows' scale
+    e_in: Tensor  # [P, K, E, G] dtype: E at the selected keys, -inf elsewhere
+    e_out: Tensor  # [P, K, E, G] dtype: E at the unselected real keys, +inf elsewhere
+    band: Tensor  # [P, E, G] dtype
+
+    @classmethod
+    def of(
+        cls, rows: _BlockRows, w_rows: Tensor, value_exp: Tensor, weight_exp: Tensor, ns: Tensor, q: Tensor,
+        rank: Tensor, centers: Tensor,
+    ) -> "_Screen":  # fmt: skip
+        p = rows.problem
+        dtype = p.dtype
+        n_groups, n_rows, n_sizes, dim = centers.shape
+        n_keys = rank.shape[-1]
+        # the rows' values are v * 2^-value_exp; the product runs on the block's values
+        # v * 2^-block_exp, so each row's centres are taken 2^(block_exp - value_exp) larger
+        gap = rows.block_exp[:, None] - value_exp  # [P, E] >= 0
+        screened = gap <= MAX_SCALE_GAP
+        s_scaled = torch.where(screened[..., None, None], _ldexp(centers, gap[..., None, None]), 0.0)
+        x = torch.bmm(rows.v_block.to(dtype), einops.rearrange(s_scaled.to(dtype), "p e n d -> p d (e n)"))
+        x = x.view(n_groups, n_keys, n_rows, n_sizes)  # <v_i, s> in the rows' scale
+        w_t = einops.rearrange(w_rows, "p e k -> p k e 1").to(dtype)
+        padding = torch.arange(n_keys, device=rank.device)[:, None] > q  # [K, E]
+        # ||v_i|| in each row's scale, from the block's values (no overflow): [P, K, E] float64
+        # (0 for the rows not screened: their screening values are 0, every key is decided directly)
+        v_norm = _ldexp(torch.linalg.vector_norm(rows.v_block, dim=-1)[:, :, None], gap[:, None, :])
+        v_norm = torch.where(screened[:, None, :], v_norm, 0.0)
+        s_norm = torch.linalg.vector_norm(centers, dim=-1)  # [P, E, G] float64
+        y_max = (w_rows * einops.rearrange(v_norm, "p k e -> p e k")).amax(dim=-1)  # [P, E]
+        unit = (dim + 8) * (torch.finfo(dtype).eps + torch.finfo(torch.float64).eps)
+        eps = COSINE_EPS * _pow2(-2 * (weight_exp + value_exp))
+        if p.distance == "euclidean":
+            sq = (w_t * v_norm[..., None].to(dtype)) ** 2
+            sq.masked_fill_(padding[None, :, :, None], torch.inf)  # padding keys: +inf, never counted
+            e = torch.addcmul(sq, w_t, x, value=-2)  # ||y||^2 - 2 <y, s>
+            band = 2 * unit * (y_max[..., None] + s_norm) ** 2
+        else:
+            y_len = w_t * v_norm[..., None].to(dtype)
+            denominator = y_len * einops.rearrange(s_norm, "p e n -> p 1 e n").to(dtype)
+            denominator = denominator + einops.rearrange(eps, "p e -> p 1 e 1").to(dtype)
+            dot = w_t * x
+            e = 1 - torch.where(denominator > 0, dot / denominator, 0.0)
+            e.masked_fill_(padding[None, :, :, None], torch.inf)
+            band = torch.full_like(s_norm, 2 * unit)
+        # a key's rounding floor when the block's values are finer than the row's (subnormals)
+        floor = 4 * dim * dim * torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps * _pow2(gap)
+        band = band + floor[..., None]
+        huge = torch.finfo(dtype).max / 64
+        band = torch.where(screened[..., None], band.clamp(max=huge), huge).to(dtype)
+        inside = einops.rearrange(rank, "p e k -> p k e 1") < ns  # [P, K, E, G]
+        e_in = torch.where(inside, e, -torch.inf)
+        e_out = e.masked_fill_(inside, torch.inf)
+        return cls(rows, w_rows, value_exp, ns, q, rank, centers, eps, e_in, e_out, band)
+
+    def counts(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``K_out``, ``K_in``, ``r_max``, ``r_min`` (scaled): four [P, E, G]."""
+        e_in, e_out, band = self.e_in, self.e_out, self.band
+        n_keys = e_in.shape[1]
+        has_out = (self.q[:, None] + 1) > self.ns  # [E, G]: some real key is left out
+        n_unselected = n_keys - self.ns  # keys at -inf in e_in (padding included), [E, G]
+        e_max, e_min = e_in.amax(dim=1), e_out.amin(dim=1)  # [P, E, G]; e_min = +inf without others
+        lo_max, hi_max = e_max - band, e_max + band
+        # nothing left out: r_min = +inf holds every selected key, and no key is near it
+        lo_min = torch.where(has_out, e_min - band, torch.inf)
+        hi_min = torch.where(has_out, e_min + band, -torch.inf)
+        # K_out: the others within r_max; K_in: the selected within r_min (e_in < t also counts the
+        # n_unselected keys at -inf); each certain outside the band
+        out_lo, out_hi = _count(e_out < lo_max[:, None]), _count(e_out <= hi_max[:, None])
+        in_lo = _count(e_in < lo_min[:, None]) - n_unselected
+        in_hi = torch.where(has_out, _count(e_in <= hi_min[:, None]) - n_unselected, in_lo)
+        # radii: direct distances at the extreme key and at every key near it (usually none)
+        r_max = self._extreme(e_in >= lo_max[:, None], "amax")
+        r_min = self._extreme(e_out <= hi_min[:, None], "amin")  # +inf where nothing is left out
+        k_out, k_in = out_lo, in_lo
+        unsure_out, unsure_in = out_lo != out_hi, in_lo != in_hi
+        if bool(unsure_out.any()):
+            cells = (e_out >= lo_max[:, None]) & (e_out <= hi_max[:, None]) & unsure_out[:, None]
+            k_out = k_out + self._within(cells, r_max)
+        if bool(unsure_in.any()):
+            cells = (e_in >= lo_min[:, None]) & (e_in <= hi_min[:, None]) & unsure_in[:, None]
+            k_in = k_in + self._within(cells, r_min)
+        return k_out, k_in, r_max, r_min
+
+    def _distances(self, group: Tensor, key: Tensor, row: Tensor, size: Tensor) -> Tensor:
+        """Direct float64 distances of key ``key`` from ``s`` of (``row``, ``size``) in group ``group``."""
+        n_groups, n_keys, dim = self.rows.v.shape
+        n_rows, n_sizes = self.centers.shape[1:3]
+        v = self.rows.v.reshape(-1, dim).index_select(0, group * n_keys + key)  # flat gathers: fast
+        v = _ldexp(v, -self.value_exp.reshape(-1).index_select(0, group * n_rows + row)[:, None])
+        y = self.w_rows.reshape(-1).index_select(0, (group * n_rows + row) * n_keys + key)[:, None] * v
+        s = self.centers.reshape(-1, dim).index_select(0, (group * n_rows + row) * n_sizes + size)
+        if self.rows.problem.distance == "euclidean":
+            return torch.linalg.vector_norm(y - s, dim=-1)
+        dot = einops.einsum(y, s, "c d, c d -> c")
+        norm_y, norm_s = torch.linalg.vector_norm(y, dim=-1), torch.linalg.vector_norm(s, dim=-1)
+        return _cosine(dot, norm_y, norm_s, self.eps[group, row])
+
+    def _extreme(self, mask: Tensor, reduce: str) -> Tensor:
+        """Max / min direct distance over the keys of ``mask`` [P, K, E, G]: [P, E, G]."""
+        group, key, row, size = mask.nonzero(as_tuple=True)
+        dist = self._distances(group, key, row, size)
+        n_groups, _, n_rows, n_sizes = mask.shape
+        fill = -torch.inf if reduce == "amax" else torch.inf
+        out = torch.full((n_groups * n_rows * n_sizes,), fill, dtype=torch.float64, device=mask.device)
+        out.scatter_reduce_(0, (group * n_rows + row) * n_sizes + size, dist, reduce=reduce)
+        return out.view(n_groups, n_rows, n_sizes)
+
+    def _within(self, mask: Tensor, radius: Tensor) -> Tensor:
+        """How many keys of ``mask`` [P, K, E, G] lie within ``radius`` [P, E, G]."""
+        group, key, row, size = mask.nonzero(as_tuple=True)
+        hits = (self._distances(group, key, row, size) <= radius[group, row, size]).to(torch.int64)
+        n_groups, _, n_rows, n_sizes = mask.shape
+        out = torch.zeros(n_groups * n_rows * n_sizes, dtype=torch.int64, device=mask.device)
+        return out.index_add_(0, (group * n_rows + row) * n_sizes + size, hits).view(n_groups, n_rows, n_sizes)
+
+
+def _count(mask: Tensor) -> Tensor:
+    """``mask.sum(dim=1)`` for a bool mask, as int64 (through uint8 and int32: several times faster)."""
+    return mask.view(torch.uint8).sum(dim=1, dtype=torch.int32).to(torch.int64)
+
+
+def _ldexp(x: Tensor, exponents: Tensor) -> Tensor:
+    """``x * 2 ** exponents`` (broadcast), exact as :func:`torch.ldexp` in float64's normal range."""
+    return x * _pow2(exponents)
+
+
+def _pow2(exponents: Tensor) -> Tensor:
+    """``2 ** exponents`` in float64, exact (``inf`` / 0 beyond float64's range)."""
+    return torch.ldexp(torch.ones(exponents.shape, dtype=torch.float64, device=exponents.device), exponents)
+
+
+def _cosine(dot: Tensor, norm_y: Tensor, norm_s: Tensor, eps: Tensor) -> Tensor:
+    """``1 - dot / (||y|| ||s|| + eps)``; 1 where the denominator is 0 (as the per-row engine)."""
+    denominator = norm_y * norm_s + eps.to(dot.dtype)
+    return 1 - torch.where(denominator > 0, dot / denominator, 0.0)
+
+
+def _local_errors(z: Tensor, centers: Tensor, mass: Tensor) -> tuple[Tensor, Tensor]:
+    """``||z - s|| / ||z||`` and ``||z - s / M_S|| / ||z||`` (definitions §7); NaN where ``z = 0``
+    (and, for the second, where ``M_S = 0``)."""
+    z_norm = torch.linalg.vector_norm(z, dim=-1)
+    deletion = torch.linalg.vector_norm(z - centers, dim=-1) / z_norm
+    renormalised = torch.linalg.vector_norm(z - centers / mass[..., None], dim=-1) / z_norm
+    nan = torch.tensor(torch.nan, dtype=torch.float64, device=z.device)
+    return torch.where(z_norm > 0, deletion, nan), torch.where((z_norm > 0) & (mass > 0), renormalised, nan)
+
+
+__all__ = ["DEFAULT_BLOCK_CELLS", "QueryRows", "separability_queries"]

@@ -1,0 +1,516 @@
+"""Exact top-N counts and radii from a float32 screen (definitions §2, §7).
+
+The separability engine (:func:`tl_geometry.separability`) needs, for every row, draw and size
+``N``, the radii ``r_max = max_{i in I_N} D_i`` and ``r_min = min_{j not in I_N} D_j`` and the counts
+``K_out = #{j not in I_N: D_j <= r_max}``, ``K_in = #{i in I_N: D_i <= r_min}``, where ``D_i`` is
+the float64 distance ``||y_i - s(N)||`` (or the cosine distance) computed directly, as the loop
+reference does. This module gets them from one float32 matrix product per block of sizes and a
+few passes over its ``[sizes, keys]`` result, and decides again in float64 every key whose float32
+value is too close to call. The counts are therefore those of the float64 distances.
+
+**Layout.** Each (row, draw) is a *batch* ``b``; its keys are put in selection order once, so that
+``I_N`` is the positions ``t < N`` for every ``N``, and ``s(N)`` is a running sum along them
+(the loop reference's sum, bit for bit).
+
+**The screen.** For the Euclidean distance the screen of position ``t`` against ``s = s(N)`` is
+``E_t = ||y_t||^2 - 2 <y_t, s>`` (``= D_t^2 - ||s||^2``, the order of ``D_t``) in float32. Its
+rounding error is at most ``c (||y_t||^2 + 2 ||y_t|| ||s||)`` with ``c = (d + 16) u`` (``u =
+2^-24``: the dot product's ``gamma_{d+2}``, the conversions and the two roundings below, with room
+to spare): a band per key *and* size, so that the many keys with tiny contributions get tiny
+bands. The matrix product gives the upper bound ``P_t = E_t + band`` directly (one more row of its
+operand carries ``2 c ||y_t||`` against ``||s||``), one pass the lower bound ``M_t = P_t - 2 band``.
+For the cosine distance the screen is ``-<y, s> / (||y|| ||s|| + eps)`` (``= D - 1``) with a
+constant band ``(d + 16) u``.
+
+**The decisions**, per batch and size, with ``i*`` the in-key of largest ``M`` and ``j*`` the
+out-key of smallest ``P``:
+
+* ``T`` = the direct float64 distance of ``i*`` in screen units (``r^2 - ||s||^2``), and ``eps``
+  a bound on the float64 rounding of the distances and of ``T`` itself, with room to spare;
+* ``lo = #{t: P_t < T - eps}`` keys are surely nearer than ``r = D_{i*}``, all but ``hi =
+  #{t: M_t < T + eps}`` surely farther. ``i*`` is always between the two; if nothing else is
+  (``hi - lo = 1``), no in-key is farther than ``i*`` (every ``M_i <= M_{i*}``), so ``r_max =
+  D_{i*}`` and ``K_out = hi - N``;
+* the same around ``j*``: if ``hi - lo = 1`` then ``r_min = D_{j*}`` and ``K_in = lo`` (no out-key
+  has ``P < P_{j*}``).
+
+Elsewhere (near-ties, exact ties such as duplicated keys) the ambiguous keys of the cell get direct
+float64 distances and decide it; a cell whose extreme is not ``i*`` / ``j*`` after all is
+recomputed whole from direct distances, the definitions applied literally.
+
+The work tensors are taken from a per-thread :class:`_Workspace`: on CPUs a fresh multi-megabyte
+tensor costs its page faults again and again, more than the passes over it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+import einops
+import torch
+from torch import Tensor
+
+#: Unit roundoff of the float64 direct distances.
+_U64 = 2.0**-53
+#: The screen's dtype: fast on CPUs and GPUs; the decisions do not depend on it.
+SCREEN_DTYPE = torch.float32
+#: Smallest cosine constant (at the rows' scale) for which the float32 cosine screen's bound holds
+#: (float32 products of tiny norms underflow); below it the cosine screen runs in float64.
+_MIN_COSINE_EPS = 2.0**-100
+#: Largest float64 working set (bytes) of one chunk of the whole-cell recomputation.
+_DIRECT_CHUNK_BYTES = 8 << 20
+#: Width of the chunks of the two-level arg-max (a multiple of the vector width).
+_ARG_CHUNK = 64
+_GROUP_SPLIT = 4
+
+
+class _Workspace(threading.local):
+    """Reusable work tensors, one flat buffer per name and dtype, per thread."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple[str, torch.dtype, torch.device], Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+        """An uninitialised tensor of ``shape`` that stays valid until the next ``get(name, ...)``."""
+        numel = math.prod(shape)
+        key = (name, dtype, torch.device(device))
+        buffer = self.buffers.get(key)
+        if buffer is None or buffer.numel() < numel:
+            with torch.inference_mode(False):  # a normal tensor, writable in and out of inference mode
+                buffer = self.buffers[key] = torch.empty(numel, dtype=dtype, device=device)
+        return buffer[:numel].view(shape)
+
+
+_WORKSPACE = _Workspace()
+
+
+@dataclass(frozen=True)
+class Decided:
+    """Counts and radii ``[B, G]`` (``B`` = rows x draws, row-major): ``k_out``, ``k_in`` (int64),
+    ``r_max``, ``r_min`` (float64, at the rows' scale); the centres ``s(N)`` [B, G, d] (float64);
+    how many cells needed direct distances."""
+
+    k_out: Tensor
+    k_in: Tensor
+    r_max: Tensor
+    r_min: Tensor
+    centers: Tensor
+    n_direct: int
+
+
+def direct_distances(y: Tensor, s: Tensor, distance: str, eps: Tensor) -> Tensor:
+    """Float64 distances of keys ``y`` [c, d] from centres ``s`` [c, d] (pairwise by row): [c].
+
+    The definitions' formulas, as the loop reference computes them: ``||y - s||``, or
+    ``1 - <y, s> / (||y|| ||s|| + eps)`` with ``eps`` [c] the cosine constant at the rows' scale.
+    """
+    if distance == "euclidean":
+        return torch.linalg.vector_norm(y - s, dim=-1)
+    dot = einops.einsum(y, s, "c d, c d -> c")
+    return cosine(dot, torch.linalg.vector_norm(y, dim=-1), torch.linalg.vector_norm(s, dim=-1), eps)
+
+
+def cosine(dot: Tensor, norm_y: Tensor, norm_s: Tensor, eps: Tensor) -> Tensor:
+    """``1 - dot / (||y|| ||s|| + eps)`` with ``eps`` at the rows' scale; 1 where the denominator is 0."""
+    denominator = norm_y * norm_s + eps.to(dot.dtype)
+    return 1 - torch.where(denominator > 0, dot / denominator, 0.0)
+
+
+def decide(
+    y: Tensor,
+    order: Tensor,
+    ns: Tensor,
+    distance: str,
+    eps: Tensor,
+    block_bytes: int,
+    screen: torch.dtype | None = None,
+) -> Decided:
+    """``K_out``, ``K_in``, ``r_max``, ``r_min`` and ``s(N)`` of every row, draw and size.
+
+    Parameters
+    ----------
+    y : [r, K, d] float64
+        Contributions in key order.
+    order : [r, draws, K] int64
+        Each draw's keys in selection order (``I_N = order[..., :N]``).
+    ns : [G] int64
+        The sizes.
+    distance : "euclidean" or "cosine"
+    eps : [r] float64
+        The cosine constant at each row's scale (unused for the Euclidean distance).
+    block_bytes : int
+        Size of one ``[B, sizes, K]`` screen block.
+    screen : torch.dtype, optional
+        The screen's dtype: :data:`SCREEN_DTYPE` by default (float64 where the cosine constant is
+        too small for float32); another dtype only to check the decisions.
+    """
+    n_rows, n_draws, n_keys = order.shape
+    eps = eps.repeat_interleave(n_draws)
+    if screen is None:
+        tiny = distance == "cosine" and bool((eps < _MIN_COSINE_EPS).any())
+        screen = torch.float64 if tiny else SCREEN_DTYPE
+    if (y.shape[-1] + 16) * torch.finfo(screen).eps / 2 > 0.1:  # the band (d + 16) u must stay small
+        raise ValueError(f"a {screen} screen is too coarse for d = {y.shape[-1]}: its rounding bound does not hold")
+    keys = _Keys.of(y, order, ns, distance, screen)
+    n_batch = keys.bias.shape[0]
+    size_block = balanced_block(ns.shape[0], max(1, block_bytes // (n_batch * n_keys * torch.finfo(screen).bits // 8)))
+    out = {name: torch.empty(n_batch, ns.shape[0], dtype=dtype, device=ns.device) for name, dtype in _RESULTS.items()}
+    n_direct = 0
+    ranks = torch.argsort(ns, stable=True)  # sizes by value, so that a block's in-keys are a short prefix
+    in_order = bool((ranks == torch.arange(ns.shape[0], device=ns.device)).all())
+    for g0 in range(0, ns.shape[0], size_block):
+        sizes: slice | Tensor = slice(g0, g0 + size_block) if in_order else ranks[g0 : g0 + size_block]
+        part = _decide_sizes(keys, keys.centers[:, sizes], ns[sizes], eps)
+        for name in _RESULTS:
+            out[name][:, sizes] = getattr(part, name)
+        n_direct += part.n_direct
+    return Decided(**out, centers=keys.centers, n_direct=n_direct)
+
+
+def balanced_block(total: int, most: int) -> int:
+    """The block size that splits ``total`` items into as few blocks of at most ``most`` as can be, evenly."""
+    return -(-total // -(-total // most))
+
+
+_RESULTS = {"k_out": torch.int64, "k_in": torch.int64, "r_max": torch.float64, "r_min": torch.float64}
+
+
+@dataclass(frozen=True)
+class _Keys:
+    """A block of rows and draws in selection order, ready to screen.
+
+    ``y`` [r, K, d] and ``order`` [r, draws, K] as given; ``centers`` [B, G, d] float64; the
+    screen's operand [B, d (+1), K] (the contributions in selection order, feature-major, and for
+    the Euclidean distance the band row ``2 c ||y_t||``); ``bias`` [B, 1, K] (``(1 + c) ||y_t||^2``,
+    or ``||y_t||`` for the cosine); ``band_key``, ``band_sq`` [B, 1, K] (``2 c ||y_t||``,
+    ``2 c ||y_t||^2``).
+    """
+
+    y: Tensor
+    order: Tensor
+    centers: Tensor
+    distance: str
+    screen: torch.dtype
+    coef: float  # the band's relative coefficient c (Euclidean) or the constant band (cosine)
+    operand: Tensor
+    bias: Tensor
+    band_key: Tensor
+    band_sq: Tensor
+
+    @classmethod
+    def of(cls, y: Tensor, order: Tensor, ns: Tensor, distance: str, screen: torch.dtype) -> "_Keys":
+        n_rows, n_draws, n_keys = order.shape
+        dim, n_batch, device = y.shape[-1], n_rows * n_draws, y.device
+        euclidean = distance == "euclidean"
+        # the contributions in selection order, feature-major [d, B, K]: a fast running sum along K
+        # (2-D transposes: much faster than a copy of the permuted 3-D tensor)
+        source = y.reshape(-1, dim).t().contiguous().view(dim, n_rows, 1, n_keys)
+        ordered = _WORKSPACE.get("ordered", (dim, n_rows, n_draws, n_keys), y.dtype, device)
+        torch.gather(source.expand(dim, -1, n_draws, -1), -1, order[None].expand(dim, -1, -1, -1), out=ordered)
+        ordered = ordered.view(dim, n_batch, n_keys)
+        operand = _WORKSPACE.get("operand", (dim + int(euclidean), n_batch, n_keys), screen, device)
+        operand[:dim] = ordered
+        centers = ordered.cumsum_(dim=-1)[..., ns - 1].reshape(dim, -1).t().contiguous().view(n_batch, -1, dim)
+        unit = torch.finfo(screen).eps / 2
+        coef = (dim + 16) * unit + (2 * dim + 24) * _U64
+        key_sq = einops.einsum(y, y, "r k d, r k d -> r k")
+        sq = torch.gather(key_sq[:, None, :].expand_as(order), -1, order).view(n_batch, 1, n_keys)
+        if euclidean:
+            band_key = (2 * coef * sq.sqrt()).to(screen)
+            operand[dim] = band_key[:, 0]
+            bias, band_sq = ((1 + coef) * sq).to(screen), (2 * coef * sq).to(screen)
+        else:  # a constant band, folded into the thresholds
+            bias = band_key = band_sq = sq.sqrt().to(screen)
+        operand = einops.rearrange(operand, "d b k -> b d k")
+        return cls(y, order, centers, distance, screen, coef, operand, bias, band_key, band_sq)
+
+    def at(self, batch: Tensor, position: Tensor) -> Tensor:
+        """Contributions [c, d] at selection positions ``position`` [c] of batches ``batch`` [c]."""
+        n_draws = self.order.shape[1]
+        row = torch.div(batch, n_draws, rounding_mode="floor")
+        return self.y[row, self.order[row, batch % n_draws, position]]
+
+    def rows(self, batch: Tensor) -> Tensor:
+        """All contributions of batches ``batch`` [c] in selection order: [c, K, d]."""
+        n_draws = self.order.shape[1]
+        row = torch.div(batch, n_draws, rounding_mode="floor")
+        return self.y[row[:, None], self.order[row, batch % n_draws]]
+
+
+def _decide_sizes(keys: _Keys, s: Tensor, ns: Tensor, eps: Tensor) -> Decided:
+    """The decisions for one block of sizes (``ns`` [g] increasing): ``s`` [B, g, d] float64."""
+    n_batch, n_sizes, _ = s.shape
+    sigma = torch.linalg.vector_norm(s, dim=-1)  # [B, g] float64
+    upper, lower = _bounds(keys, s, sigma, eps)  # P and M [B, g, K] (one tensor for the cosine)
+    parts = [_decide_group(keys, s, sigma, eps, upper, lower, ns, a, b) for a, b in _groups(ns, upper.shape[-1])]
+    k_out, k_in, r_max, r_min, unsure = (torch.cat(x, dim=-1) for x in zip(*parts))
+    n_direct = int(unsure.sum())
+    if n_direct:
+        batch, size = unsure.nonzero(as_tuple=True)
+        cells = _Cells(batch, size, upper[batch, size], lower[batch, size], ns[size])
+        undecided = _refine(keys, s, sigma, eps, cells, k_out, k_in, r_max, r_min)
+        if bool(undecided.any()):
+            _recompute(keys, s, ns, eps, batch[undecided], size[undecided], k_out, k_in, r_max, r_min)
+    return Decided(k_out, k_in, r_max, r_min, s, n_direct)
+
+
+def _groups(ns: Tensor, n_keys: int) -> list[tuple[int, int]]:
+    """Ranges ``[a, b)`` of the (increasing) sizes over which ``N`` grows by at most ``K / 4``."""
+    values, starts = ns.tolist(), [0]
+    for i, n in enumerate(values):
+        if n - values[starts[-1]] > n_keys // _GROUP_SPLIT:
+            starts.append(i)
+    return list(zip(starts, starts[1:] + [len(values)]))
+
+
+def _decide_group(
+    keys: _Keys, s: Tensor, sigma: Tensor, eps: Tensor, upper: Tensor, lower: Tensor, ns: Tensor, a: int, b: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``K_out``, ``K_in``, ``r_max``, ``r_min`` and the cells left unsure, for the sizes ``a:b`` of a block.
+
+    Only the positions that can matter are counted. With ``n_lo``, ``n_hi`` the group's smallest
+    and largest ``N``: the keys ``t < n_lo`` are in-keys of every size, surely nearer than
+    ``r_max`` or ambiguous (never surely farther), so ``K_out`` is counted over ``t >= n_lo`` once
+    their largest ``P`` (``i*`` left out) shows that none but ``i*`` is ambiguous; the keys
+    ``t >= n_hi`` are out-keys, never surely nearer than ``r_min``, so ``K_in`` is counted over
+    ``t < n_hi`` once their smallest ``M`` (``j*`` left out) shows that none but ``j*`` is.
+    """
+    n_keys = upper.shape[-1]
+    group, sizes = ns[a:b], slice(a, b)
+    n_lo, n_hi = int(group[0]), int(group[-1])
+    p, m, s, sigma = upper[:, sizes], lower[:, sizes], s[:, sizes], sigma[:, sizes]
+    full = group == n_keys  # no out-key: r_min = inf, K_in = N
+    # i*: the in-key (t < N) of largest M; j*: the out-key (t >= N) of smallest P
+    stop = min(n_keys, _round_up(n_hi, _ARG_CHUNK))
+    i_star = _arg_masked(m[..., :stop], group, 0, largest=True)
+    if n_lo < n_keys:
+        start = max(0, n_keys - _round_up(n_keys - n_lo, _ARG_CHUNK))
+        j_star = _arg_masked(p[..., start:], group, start, largest=False)
+    else:
+        j_star = torch.zeros_like(i_star)
+    r_max, r_min = _at(keys, torch.cat([s, s], dim=1), torch.cat([i_star, j_star], dim=-1), eps).chunk(2, dim=-1)
+    r_min = torch.where(full, torch.inf, r_min)
+    lo, hi = _thresholds(keys, torch.cat([r_max, r_min], dim=-1), torch.cat([sigma, sigma], dim=-1))
+    (lo, lo_inner), (hi, hi_inner) = lo.chunk(2, dim=-1), hi.chunk(2, dim=-1)
+    lo_max = n_lo - (i_star < n_lo).to(torch.int64) + _count_below(p[..., n_lo:], lo)
+    hi_max = n_lo + _count_below(m[..., n_lo:], hi)
+    unsure = hi_max - lo_max != 1
+    if n_lo > 0:  # the keys t < n_lo but i*: surely nearer than r_max unless their P says otherwise
+        unsure |= _extreme_but(p[..., :n_lo], i_star, largest=True) >= lo
+    lo, hi = lo_inner, hi_inner
+    lo_min = _count_below(p[..., :n_hi], lo)
+    hi_min = (j_star >= n_hi).to(torch.int64) + _count_below(m[..., :n_hi], hi)
+    unsure_min = hi_min - lo_min != 1
+    if n_hi < n_keys:  # the keys t >= n_hi but j*: surely farther than r_min unless their M says otherwise
+        unsure_min |= _extreme_but(m[..., n_hi:], j_star - n_hi, largest=False) <= hi
+    n = group.expand_as(r_max)
+    return hi_max - n, torch.where(full, n, lo_min), r_max, r_min, unsure | (unsure_min & ~full)
+
+
+def _extreme_but(values: Tensor, position: Tensor, largest: bool) -> Tensor:
+    """Largest (or smallest) of ``values`` [B, g, L] over the last dimension leaving out the position
+    ``position`` [B, g] (ignored where outside ``0..L-1``): [B, g]. The value there is set aside
+    and put back, so ``values`` is unchanged on return."""
+    inside = (position >= 0) & (position < values.shape[-1])
+    index = torch.where(inside, position, 0)[..., None]
+    kept = values.gather(-1, index)
+    fill = torch.where(inside[..., None], -torch.inf if largest else torch.inf, kept)
+    values.scatter_(-1, index, fill)
+    extreme = values.amax(dim=-1) if largest else values.amin(dim=-1)
+    values.scatter_(-1, index, kept)
+    return extreme
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+def _bounds(keys: _Keys, s: Tensor, sigma: Tensor, eps: Tensor) -> tuple[Tensor, Tensor]:
+    """Upper and lower bounds ``P``, ``M`` [B, g, K] of every key's screen value (work tensors)."""
+    shape = (s.shape[0], s.shape[1], keys.operand.shape[-1])
+    upper = _WORKSPACE.get("upper", shape, keys.screen, s.device)
+    if keys.distance == "euclidean":
+        s_screen = torch.cat([(-2 * s).to(keys.screen), sigma.to(keys.screen)[..., None]], dim=-1)
+        torch.baddbmm(keys.bias, s_screen, keys.operand, out=upper)  # E + c ||y||^2 + 2 c ||y|| ||s||
+        lower = _WORKSPACE.get("lower", shape, keys.screen, s.device)
+        torch.addcmul(upper, sigma.to(keys.screen)[..., None], keys.band_key, value=-2, out=lower)
+        return upper, lower.sub_(keys.band_sq)  # E - c ||y||^2 - 2 c ||y|| ||s||
+    torch.bmm((-s).to(keys.screen), keys.operand, out=upper)  # -<y, s>
+    denominator = torch.addcmul(eps.to(keys.screen)[:, None, None], sigma.to(keys.screen)[..., None], keys.bias)
+    upper.div_(torch.where(denominator > 0, denominator, 1.0))  # cosine distance - 1 (0 where the denominator is 0)
+    return upper, upper
+
+
+def _arg_masked(values: Tensor, group: Tensor, start: int, largest: bool) -> Tensor:
+    """Position of the largest of ``values`` [B, g, L] (positions ``start..start+L-1``) among
+    ``t < N`` (``largest``), or of the smallest among ``t >= N``, for each size ``N`` of ``group``
+    [g]: [B, g]. Where no position qualifies (``N = K``, smallest) the result is arbitrary."""
+    position = torch.arange(start, start + values.shape[-1], device=values.device)
+    if largest:
+        mask = torch.where(position < group[:, None], 0.0, -torch.inf).to(values.dtype)
+    else:
+        mask = torch.where(position >= group[:, None], 0.0, torch.inf).to(values.dtype)
+    work = _WORKSPACE.get("arg", tuple(values.shape), values.dtype, values.device)
+    return _arg(torch.add(values, mask, out=work), largest) + start
+
+
+def _arg(values: Tensor, largest: bool) -> Tensor:
+    """``values.argmax(-1)`` (or ``argmin``), through chunks where the length allows: a fast
+    ``amax`` per chunk, then the arg-max of the chunks and within the best one (the same index)."""
+    length = values.shape[-1]
+    if length % _ARG_CHUNK or length == _ARG_CHUNK:
+        return values.argmax(dim=-1) if largest else values.argmin(dim=-1)
+    chunks = values.view(*values.shape[:-1], length // _ARG_CHUNK, _ARG_CHUNK)
+    if largest:
+        best = chunks.amax(dim=-1).argmax(dim=-1)  # the first chunk holding the maximum
+    else:
+        best = chunks.amin(dim=-1).argmin(dim=-1)
+    within = torch.gather(chunks, -2, best[..., None, None].expand(*best.shape, 1, _ARG_CHUNK))[..., 0, :]
+    return best * _ARG_CHUNK + (within.argmax(dim=-1) if largest else within.argmin(dim=-1))
+
+
+def _at(keys: _Keys, s: Tensor, position: Tensor, eps: Tensor) -> Tensor:
+    """Direct float64 distance of the key at ``position[b, g]`` from ``s[b, g]``: [B, g]."""
+    n_batch, n_sizes = position.shape
+    batch = torch.arange(n_batch, device=position.device)[:, None].expand_as(position).reshape(-1)
+    y = keys.at(batch, position.reshape(-1))
+    return direct_distances(y, s.reshape(-1, s.shape[-1]), keys.distance, eps[batch]).view(position.shape)
+
+
+def _thresholds(keys: _Keys, radius: Tensor, sigma: Tensor) -> tuple[Tensor, Tensor]:
+    """``T - eps`` and ``T + eps`` for the radius ``radius`` [B, g], rounded outwards to the screen's dtype.
+
+    ``T`` is ``radius`` in screen units. The float64 rounding of a direct distance is at most
+    ``(d + 7) u (||y|| + ||s||)^2`` in screen units: its ``||y||^2 + 2 ||y|| ||s||`` part is in the
+    key's band (``c`` holds ``(2 d + 24) u``), its ``||s||^2`` part in ``eps``, with the rounding
+    of ``T`` itself (``(d + 8) u (r^2 + ||s||^2)``) and the float32 underflow of tiny contributions
+    (``2^-120``), with room to spare, so that a key at ``T - eps`` or ``T + eps`` exactly is still
+    decided. An infinite radius gives infinite thresholds (every key counts).
+    """
+    if keys.distance == "euclidean":
+        threshold = radius * radius - sigma * sigma
+        square = torch.where(torch.isinf(radius), 0.0, radius * radius) + 2 * sigma * sigma
+        margin = (2 * keys.operand.shape[1] + 24) * _U64 * square + 2.0**-120
+    else:
+        threshold = radius - 1
+        margin = torch.full_like(radius, keys.coef)
+    return _round(threshold - margin, keys.screen, down=True), _round(threshold + margin, keys.screen, down=False)
+
+
+def _round(x: Tensor, dtype: torch.dtype, down: bool) -> Tensor:
+    """``x`` (float64) in ``dtype``, rounded down (or up) so that comparisons stay on the safe side."""
+    if dtype == torch.float64:
+        return x
+    rounded = x.to(dtype)
+    wrong = rounded.double() > x if down else rounded.double() < x
+    toward = torch.full_like(rounded, -torch.inf if down else torch.inf)
+    return torch.where(wrong, torch.nextafter(rounded, toward), rounded)
+
+
+def _count_below(values: Tensor, threshold: Tensor) -> Tensor:
+    """``#{t: values[b, g, t] < threshold[b, g]}`` as int64 [B, g], up to the keys equal to it.
+
+    Counted from the sign bit of ``values - threshold`` (one subtraction, a shift and an integer
+    sum: much faster on CPUs than a boolean comparison): a value equal to the threshold may or may
+    not count (``-0.0``), which the margins of :func:`_thresholds` make harmless. A threshold of
+    ``+inf`` counts every (finite) value.
+    """
+    difference = _WORKSPACE.get("difference", tuple(values.shape), values.dtype, values.device)
+    torch.sub(values, threshold[..., None], out=difference)
+    bits = _SAME_WIDTH_INT[values.dtype]
+    negative = difference.view(bits).bitwise_right_shift_(torch.iinfo(bits).bits - 1)  # -1 where the sign bit is set
+    return -negative.sum(dim=-1, dtype=torch.int64 if bits == torch.int64 else torch.int32).to(torch.int64)
+
+
+_SAME_WIDTH_INT = {
+    torch.float64: torch.int64,
+    torch.float32: torch.int32,
+    torch.bfloat16: torch.int16,
+    torch.float16: torch.int16,
+}
+
+
+@dataclass(frozen=True)
+class _Cells:
+    """Some cells ``(batch, size)`` [c] of a block, with their bounds ``upper``, ``lower`` [c, K] and sizes ``n`` [c]."""
+
+    batch: Tensor
+    size: Tensor
+    upper: Tensor
+    lower: Tensor
+    n: Tensor
+
+    def around(self, keys: _Keys, radius: Tensor, sigma: Tensor) -> tuple[Tensor, Tensor]:
+        """[c, K] twice: the keys surely nearer than ``radius`` [c], and those neither surely
+        nearer nor surely farther (the tests of :func:`_count_below`)."""
+        lo, hi = _thresholds(keys, radius, sigma)
+        nearer = torch.signbit(self.upper - lo[:, None])
+        return nearer, torch.signbit(self.lower - hi[:, None]) & ~nearer
+
+
+def _refine(
+    keys: _Keys, s: Tensor, sigma: Tensor, eps: Tensor, cells: _Cells,
+    k_out: Tensor, k_in: Tensor, r_max: Tensor, r_min: Tensor,
+) -> Tensor:  # fmt: skip
+    """Decide ``cells`` from direct distances of their ambiguous keys only; [c] True where that
+    is not enough (a key other than ``i*`` / ``j*`` holds the extreme), left for :func:`_recompute`.
+
+    A key is ambiguous around ``r`` if it is neither surely nearer (``P < T - eps``) nor surely
+    farther (``M >= T + eps``). Every in-key but the ambiguous ones is surely nearer than ``i*``,
+    so ``r_max`` is the largest direct distance of the ambiguous in-keys; if that is ``i*``'s, the
+    surely-nearer out-keys and the ambiguous ones within ``r_max`` make ``K_out``. Likewise
+    ``r_min`` and ``K_in`` (no out-key is surely nearer than ``j*``).
+    """
+    b, g = cells.batch, cells.size
+    inside = torch.arange(cells.upper.shape[-1], device=b.device) < cells.n[:, None]
+    nearer, ambiguous = cells.around(keys, r_max[b, g], sigma[b, g])
+    far, far_cell = _pair_distances(keys, s, eps, cells, ambiguous & inside)
+    far_max = torch.full_like(r_max[b, g], -torch.inf).scatter_reduce_(0, far_cell, far, "amax")
+    out, out_cell = _pair_distances(keys, s, eps, cells, ambiguous & ~inside)
+    out_count = torch.zeros_like(b).index_add_(0, out_cell, (out <= far_max[out_cell]).to(torch.int64))
+    new_k_out = (nearer & ~inside).sum(dim=-1) + out_count
+    decided = far_max == r_max[b, g]
+    full = cells.n == cells.upper.shape[-1]
+    nearer, ambiguous = cells.around(keys, r_min[b, g], sigma[b, g])
+    near, near_cell = _pair_distances(keys, s, eps, cells, ambiguous & ~inside)
+    near_value = torch.full_like(r_min[b, g], torch.inf).scatter_reduce_(0, near_cell, near, "amin")
+    within, within_cell = _pair_distances(keys, s, eps, cells, ambiguous & inside)
+    in_count = torch.zeros_like(b).index_add_(0, within_cell, (within <= near_value[within_cell]).to(torch.int64))
+    new_k_in = torch.where(full, cells.n, (nearer & inside).sum(dim=-1) + in_count)
+    decided &= full | ((near_value == r_min[b, g]) & ~(nearer & ~inside).any(dim=-1))
+    k_out[b, g] = torch.where(decided, new_k_out, k_out[b, g])
+    k_in[b, g] = torch.where(decided, new_k_in, k_in[b, g])
+    return ~decided
+
+
+def _pair_distances(keys: _Keys, s: Tensor, eps: Tensor, cells: _Cells, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Direct float64 distances of the keys ``mask`` [c, K] of ``cells``, and the cell of each."""
+    cell, position = mask.nonzero(as_tuple=True)
+    b, g = cells.batch[cell], cells.size[cell]
+    return direct_distances(keys.at(b, position), s[b, g], keys.distance, eps[b]), cell
+
+
+def _recompute(
+    keys: _Keys, s: Tensor, ns: Tensor, eps: Tensor, batch: Tensor, size: Tensor,
+    k_out: Tensor, k_in: Tensor, r_max: Tensor, r_min: Tensor,
+) -> None:  # fmt: skip
+    """Overwrite the cells ``(batch, size)`` from direct float64 distances of every key (the definitions)."""
+    n_keys, dim = keys.y.shape[1:]
+    chunk = max(1, _DIRECT_CHUNK_BYTES // (n_keys * dim * 8))
+    position = torch.arange(n_keys, device=s.device)
+    for c0 in range(0, batch.shape[0], chunk):
+        b, g = batch[c0 : c0 + chunk], size[c0 : c0 + chunk]
+        y = keys.rows(b)  # [c, K, d]
+        centre = s[b, g][:, None, :].expand_as(y)
+        dist = direct_distances(
+            y.reshape(-1, dim), centre.reshape(-1, dim), keys.distance, eps[b].repeat_interleave(n_keys)
+        )
+        dist = dist.view(-1, n_keys)
+        inside = position < ns[g][:, None]
+        high = torch.where(inside, dist, -torch.inf).amax(dim=-1)
+        low = torch.where(inside, torch.inf, dist).amin(dim=-1)
+        r_max[b, g], r_min[b, g] = high, low
+        k_out[b, g] = (~inside & (dist <= high[:, None])).sum(dim=-1)
+        k_in[b, g] = (inside & (dist <= low[:, None])).sum(dim=-1)
