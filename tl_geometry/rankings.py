@@ -252,9 +252,10 @@ def top_n_mask(scores: Float[Tensor, "*batch k"], n: int) -> Bool[Tensor, "*batc
     n_keys = scores.shape[-1]
     if n >= n_keys:
         return torch.ones(scores.shape, dtype=torch.bool, device=scores.device)
-    threshold = torch.topk(scores, n, dim=-1).values[..., -1:]
+    top = torch.topk(scores, n + 1, dim=-1).values  # the n-th and (n+1)-th largest tell whether a tie straddles the cut
+    threshold = top[..., n - 1 : n]
     at_least = scores >= threshold
-    if bool((at_least.sum(dim=-1) == n).all()):  # no tie straddles the cut (the usual case): done
+    if bool((top[..., n - 1] > top[..., n]).all()):  # no tie at the cut (the usual case): exactly n scores >= t
         return at_least
     above = scores > threshold
     tied = scores == threshold

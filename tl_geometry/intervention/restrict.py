@@ -54,14 +54,32 @@ def restrict_pattern(
     n_queries = pattern.shape[-2]
     if n >= n_queries:
         return pattern
+    zero = torch.zeros((), dtype=pattern.dtype, device=pattern.device)
+    if n < scores.shape[-1]:
+        # one pass over the whole pattern (no copy of it, no slice assignment): keep every score at or
+        # above its row's n-th largest, every key of the rows q < n (threshold -inf) -- exact unless a
+        # tie straddles the cut of a row q >= n, which the general path below handles
+        top = torch.topk(scores, n + 1, dim=-1).values[..., n:, :]
+        if bool((top[..., n - 1] > top[..., n]).all()):
+            threshold = torch.full((*scores.shape[:-1], 1), -torch.inf, dtype=scores.dtype, device=scores.device)
+            threshold[..., n:, :] = top[..., n - 1 : n]
+            out = torch.where(scores >= threshold, pattern, zero)
+            if renormalize:
+                _renormalize_(out[..., n:, :])
+            return out
     tail = pattern[..., n:, :]
-    kept = torch.where(top_n_mask(scores[..., n:, :], n), tail, torch.zeros((), dtype=tail.dtype, device=tail.device))
+    kept = torch.where(top_n_mask(scores[..., n:, :], n), tail, zero)
     if renormalize:
-        total = kept.sum(dim=-1, keepdim=True)
-        kept = kept / torch.where(total > 0, total, torch.ones_like(total))
+        _renormalize_(kept)
     out = pattern.clone()
     out[..., n:, :] = kept
     return out
+
+
+def _renormalize_(rows: Tensor) -> None:
+    """Divide every row by its sum, in place (a row summing to 0 stays 0)."""
+    total = rows.sum(dim=-1, keepdim=True)
+    rows.div_(torch.where(total > 0, total, torch.ones_like(total)))
 
 
 __all__ = ["restrict_pattern"]
