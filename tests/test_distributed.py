@@ -203,8 +203,8 @@ def test_sharded_loss_sums_equal_one_pass() -> None:
 @pytest.mark.slow
 def test_torchrun_sparsify_equals_one_process(tiny_dir: Path, tmp_path: Path) -> None:
     args = ["--model", str(tiny_dir), "--n-seqs", "5", "--seq-len", "24", "--ns", "1,2,4,24", "--batch-size", "1",
-            "--rank-by", "attention,random", "--local-n", "2", "--no-geometry"]  # fmt: skip
-    # (no --local: torchrun's own parser reads it as an ambiguous abbreviation of its --local-addr)
+            "--rank-by", "attention,random", "--local-unit", "head", "--local-n", "2", "--no-geometry"]  # fmt: skip
+    # --local-unit, not --local: torchrun's own parser reads --local as an abbreviation of its --local-addr
     one = _run([sys.executable], [*args, "--out", str(tmp_path / "one")], _env(), command="sparsify")
     assert one.returncode == 0, one.stderr[-2000:]
     two = _run(TORCHRUN, [*args, "--out", str(tmp_path / "two")], _env(), command="sparsify")

@@ -45,7 +45,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tolerance", type=float, default=0.05, help="tau of N*_tau (default 0.05)")
     p.add_argument("--no-refine", action="store_true", help="N* over the grid only (no bisection passes)")
     p.add_argument(
-        "--local", default="layer", choices=("layer", "head", "none"), help="localised loss unit (default layer)"
+        "--local-unit",
+        "--local",
+        dest="local",
+        default="layer",
+        choices=("layer", "head", "none"),
+        help="localised loss unit (default layer); under torchrun write --local-unit (torchrun reads --local as its own)",
     )
     p.add_argument("--local-n", type=int, default=8, help="N of the localised loss (default 8)")
     p.add_argument(
