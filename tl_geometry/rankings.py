@@ -238,6 +238,23 @@ def selection_order(scores: Float[Tensor, "*batch k"]) -> Int[Tensor, "*batch k"
 
 
 @typechecked
+def top_n_cut(scores: Float[Tensor, "*batch k"], n: int) -> tuple[Float[Tensor, "*batch 1"], bool]:
+    """The ``n``-th largest score of every row, and whether no row has a tie across that cut.
+
+    When the second value is True, ``scores >= threshold`` keeps exactly ``n`` keys per row (the
+    set of :func:`top_n_mask`); otherwise some row has its ``n``-th and ``(n+1)``-th largest scores
+    equal. Needs ``1 <= n < K``.
+
+    >>> import torch
+    >>> t, no_tie = top_n_cut(torch.tensor([[0.25, 0.5, 0.125]]), 2)
+    >>> t.tolist(), no_tie
+    ([[0.25]], True)
+    """
+    top = torch.topk(scores, n + 1, dim=-1).values
+    return top[..., n - 1 : n], bool((top[..., n - 1] > top[..., n]).all())
+
+
+@typechecked
 def top_n_mask(scores: Float[Tensor, "*batch k"], n: int) -> Bool[Tensor, "*batch k"]:
     """``True`` at the keys of ``I_N``: the ``n`` highest scores, ties to the lower key index; all keys if ``n >= K``.
 
@@ -252,11 +269,9 @@ def top_n_mask(scores: Float[Tensor, "*batch k"], n: int) -> Bool[Tensor, "*batc
     n_keys = scores.shape[-1]
     if n >= n_keys:
         return torch.ones(scores.shape, dtype=torch.bool, device=scores.device)
-    top = torch.topk(scores, n + 1, dim=-1).values  # the n-th and (n+1)-th largest tell whether a tie straddles the cut
-    threshold = top[..., n - 1 : n]
-    at_least = scores >= threshold
-    if bool((top[..., n - 1] > top[..., n]).all()):  # no tie at the cut (the usual case): exactly n scores >= t
-        return at_least
+    threshold, no_tie = top_n_cut(scores, n)
+    if no_tie:  # the usual case: exactly n scores >= t
+        return scores >= threshold
     above = scores > threshold
     tied = scores == threshold
     room = n - above.sum(dim=-1, keepdim=True)
@@ -280,6 +295,7 @@ __all__ = [
     "row_keys",
     "selection_order",
     "splitmix64",
+    "top_n_cut",
     "top_n_mask",
     "uniform_scores",
 ]

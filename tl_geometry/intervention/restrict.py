@@ -26,7 +26,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from .._typing import typechecked
-from ..rankings import top_n_mask
+from ..rankings import top_n_cut, top_n_mask
 
 
 @typechecked
@@ -59,10 +59,10 @@ def restrict_pattern(
         # one pass over the whole pattern (no copy of it, no slice assignment): keep every score at or
         # above its row's n-th largest, every key of the rows q < n (threshold -inf) -- exact unless a
         # tie straddles the cut of a row q >= n, which the general path below handles
-        top = torch.topk(scores, n + 1, dim=-1).values[..., n:, :]
-        if bool((top[..., n - 1] > top[..., n]).all()):
+        cut, no_tie = top_n_cut(scores[..., n:, :], n)
+        if no_tie:
             threshold = torch.full((*scores.shape[:-1], 1), -torch.inf, dtype=scores.dtype, device=scores.device)
-            threshold[..., n:, :] = top[..., n - 1 : n]
+            threshold[..., n:, :] = cut
             out = torch.where(scores >= threshold, pattern, zero)
             if renormalize:
                 _renormalize_(out[..., n:, :])
