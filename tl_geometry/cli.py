@@ -285,9 +285,7 @@ def _device(args: argparse.Namespace, world: World | None):
 
 
 def run_command(args: argparse.Namespace) -> int:
-    world = World.from_env()
-    if world is not None and world.size == 1:
-        world = None
+    world = World.sharding_from_env()
     settings = _settings(args)
     device = _device(args, world)
     out = _check_out(args)
@@ -297,11 +295,8 @@ def run_command(args: argparse.Namespace) -> int:
     if world is not None:
         import torch
 
-        world.start(device or torch.device("cpu"))
-        try:
+        with world.session(device or torch.device("cpu")):
             return _run_command(args, settings, device, out, corpus, world)
-        finally:
-            world.stop()
     return _run_command(args, settings, device, out, corpus, world)
 
 

@@ -105,18 +105,13 @@ def sparsify_command(args: argparse.Namespace) -> int:
 
     options = _options(args)
     out = _check_out(args)  # every rank, before any of them claims the directory
-    world = World.from_env()
-    if world is not None and world.size == 1:
-        world = None
+    world = World.sharding_from_env()
     if world is None:
         return _sparsify(args, options, out, None)
     import torch
 
-    world.start(torch.device("cpu"))  # a rendezvous: every rank has checked --out by now
-    try:
+    with world.session(torch.device("cpu")):  # a rendezvous: every rank has checked --out by now
         return _sparsify(args, options, out, world)
-    finally:
-        world.stop()
 
 
 def _sparsify(args: argparse.Namespace, options: dict, out: Path, world: Any) -> int:

@@ -32,9 +32,10 @@ from __future__ import annotations
 import io
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import pandas as pd
 import torch
@@ -90,6 +91,13 @@ class World:
             raise InputError(f"RANK={rank} is outside WORLD_SIZE={size}: start the processes with torchrun")
         return cls(rank, size, local)
 
+    @classmethod
+    def sharding_from_env(cls, environ: Mapping[str, str] | None = None) -> "World | None":
+        """The torchrun world when it has more than one process; None otherwise (one process has
+        nothing to shard or gather, and runs as without torchrun)."""
+        world = cls.from_env(environ)
+        return world if world is not None and world.size > 1 else None
+
     @property
     def is_main(self) -> bool:
         return self.rank == 0
@@ -120,6 +128,15 @@ class World:
     def stop(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+    @contextmanager
+    def session(self, device: torch.device) -> Iterator["World"]:
+        """:meth:`start` on entry, :meth:`stop` on exit (also when the body raises)."""
+        self.start(device)
+        try:
+            yield self
+        finally:
+            self.stop()
 
     def shard_dir(self, progress: Path) -> Path:
         """This rank's store: ``progress/shard-RRRRR-of-WWWWW``."""
