@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import math
-import time
 
 import numpy as np
 import pandas as pd
@@ -334,13 +333,19 @@ def test_lag_cosine_sums_match_the_diagonals(n, d, k_frac, seed):
             assert neg[r, k - 1].item() == (diag < 0).sum()
 
 
-def test_profile_fit_is_fast():
-    """30 layers x 9 heads x 1024 keys, fitted in one vectorised call."""
+def test_profile_fit_of_every_head_in_one_call_equals_each_head_alone():
+    """30 layers x 9 heads x 1024 keys in one vectorised call: each head's fit is the one it gets alone.
+
+    (Its cost is measured by benchmarks, not asserted here: no timed assertion.)"""
     gen = torch.Generator().manual_seed(9)
     weights = torch.softmax(torch.randn(270, 1024, generator=gen), dim=-1)
-    start = time.perf_counter()
-    D.fit_attention_profile(weights)
-    assert time.perf_counter() - start < 8.0  # ~1 s on one core of the shared machine
+    together = D.fit_attention_profile(weights).summary
+    assert len(together) == 270
+    for head in (0, 133, 269):
+        alone = D.fit_attention_profile(weights[head : head + 1]).summary
+        pd.testing.assert_series_equal(
+            alone.drop(columns="head").iloc[0], together.drop(columns="head").iloc[head], check_names=False
+        )
 
 
 # ----------------------------------------------------------------------------- mergeability

@@ -356,7 +356,8 @@ def test_default_figures_without_a_plot_module(result, monkeypatch) -> None:
 
 
 def test_default_figures_with_the_real_plot_module(result) -> None:
-    pytest.importorskip("tl_geometry.plot")
+    import tl_geometry.plot  # noqa: F401  (a dependency of the package: its absence is a failure, not a skip)
+
     figs = default_figures(result)
     assert figs, "tl_geometry.plot exists but no figure function was found"
     for f in figs:
