@@ -11,9 +11,9 @@ Attention" under the definitions of docs/definitions.md. Start with::
 
 from importlib import metadata as _metadata
 
-from . import corpus, diagnostics, intervention, patching, plot, report, taxonomy, theory, vis
-from .analysis import AnalysisResult, analyze, corpus_tokens, load_result
-from .diagnostics import (
+from tl_geometry import corpus, diagnostics, intervention, patching, plot, report, taxonomy, theory, vis
+from tl_geometry.analysis import AnalysisResult, analyze, corpus_tokens, load_result
+from tl_geometry.diagnostics import (
     AttentionProfileFit,
     DiagnosticsObserver,
     DiagnosticsTables,
@@ -23,8 +23,8 @@ from .diagnostics import (
     similarity_decay,
     value_norm_stats,
 )
-from .errors import InputError, ModelError, TLGeometryError
-from .intervention import (
+from tl_geometry.errors import InputError, ModelError, TLGeometryError
+from tl_geometry.intervention import (
     SparsificationCurve,
     geometry_vs_function,
     load_curve,
@@ -32,12 +32,12 @@ from .intervention import (
     sparsification_curve,
     top_n_attention,
 )
-from .models import DEFAULT_MODEL, ModelInfo, describe_model, kv_head_index, load_model
-from .observers import Observer, RowObserver, SeparabilityObserver
-from .selection import log_spaced_ns
-from .separability import PrecisionRecallAtRadius, Separability, precision_recall_at_radius, separability
-from .settings import AnalysisSettings
-from .taxonomy import (
+from tl_geometry.models import DEFAULT_MODEL, ModelInfo, describe_model, kv_head_index, load_model
+from tl_geometry.observers import Observer, RowObserver, SeparabilityObserver
+from tl_geometry.selection import log_spaced_ns
+from tl_geometry.separability import PrecisionRecallAtRadius, Separability, precision_recall_at_radius, separability
+from tl_geometry.settings import AnalysisSettings
+from tl_geometry.taxonomy import (
     ClassificationStability,
     RegimeClusters,
     RegimeFeatures,
@@ -57,7 +57,7 @@ from .taxonomy import (
     rho0_table,
     sink_effect,
 )
-from .theory import (
+from tl_geometry.theory import (
     Bounds,
     BoundsObserver,
     PiecewiseProfile,

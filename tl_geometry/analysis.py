@@ -27,21 +27,21 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ._files import write_atomic, write_json_atomic
-from .capture import model_device, run_streaming
-from .corpus import Corpus, TokenCorpus, from_texts, from_tokens
-from .diagnostics import DiagnosticsObserver
-from .errors import InputError
-from .models import ModelInfo, describe_model, load_model
-from .observers import LOCAL_ERROR_METRICS, SEPARABILITY_METRICS, Observer, RowObserver, SeparabilityObserver
-from .rows_on_disk import RowsOnDisk
-from .selection import NsLike
-from .settings import AnalysisSettings
-from .store import RunStore, run_identity
-from .tables import KEY_COLUMNS, REFERENCE_RANKING, attention_rows, empty_table
-from .taxonomy import TaxonomyObserver, classify_heads, rho0_table, sink_effect
-from .theory.bounds import RhoLike
-from .theory.observer import BoundsObserver, envelopes
+from tl_geometry._files import write_atomic, write_json_atomic
+from tl_geometry.capture import model_device, run_streaming
+from tl_geometry.corpus import Corpus, TokenCorpus, from_texts, from_tokens
+from tl_geometry.diagnostics import DiagnosticsObserver
+from tl_geometry.errors import InputError
+from tl_geometry.models import ModelInfo, describe_model, load_model
+from tl_geometry.observers import LOCAL_ERROR_METRICS, SEPARABILITY_METRICS, Observer, RowObserver, SeparabilityObserver
+from tl_geometry.rows_on_disk import RowsOnDisk
+from tl_geometry.selection import NsLike
+from tl_geometry.settings import AnalysisSettings
+from tl_geometry.store import RunStore, run_identity
+from tl_geometry.tables import KEY_COLUMNS, REFERENCE_RANKING, attention_rows, empty_table
+from tl_geometry.taxonomy import TaxonomyObserver, classify_heads, rho0_table, sink_effect
+from tl_geometry.theory.bounds import RhoLike
+from tl_geometry.theory.observer import BoundsObserver, envelopes
 
 #: Version of the layout :meth:`AnalysisResult.save` writes (recorded in ``result.json``).
 RESULT_FORMAT = 1

@@ -19,8 +19,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .errors import InputError, ModelError
-from .models import ModelInfo, hook_pattern_name, hook_v_name
+from tl_geometry.errors import InputError, ModelError
+from tl_geometry.models import ModelInfo, hook_pattern_name, hook_v_name
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from ._files import write_json_atomic
-from .distributed import World, check_shards, has_progress
-from .errors import TLGeometryError
+from tl_geometry._files import write_json_atomic
+from tl_geometry.distributed import World, check_shards, has_progress
+from tl_geometry.errors import TLGeometryError
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--n-random", type=int, default=16, help="random draws per row of the random control (default 16)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random control (default 0)")
     add_out_options(run, "runs/default", "run")
-    from .cli_sparsify import add_parser as add_sparsify_parser
+    from tl_geometry.cli_sparsify import add_parser as add_sparsify_parser
 
     add_sparsify_parser(sub)
     report = sub.add_parser("report", help="rebuild DIR/index.html from the results saved in DIR")
@@ -143,7 +143,7 @@ def check_window_options(args: argparse.Namespace, why_two: str) -> None:
 
 def _settings(args: argparse.Namespace):
     """The :class:`~tl_geometry.settings.AnalysisSettings` of the options (checked before any loading)."""
-    from .settings import AnalysisSettings
+    from tl_geometry.settings import AnalysisSettings
 
     check_window_options(args, "BOS plus one token")
     if not (math.isfinite(args.kappa) and args.kappa > 0):
@@ -261,7 +261,7 @@ def _resume_command(command: list[str] | None, out: Path) -> str:
 
 
 def _corpus(args: argparse.Namespace):
-    from . import corpus
+    from tl_geometry import corpus
 
     if args.dataset:
         return corpus.from_dataset(args.dataset, n_seqs=args.n_seqs, seq_len=args.seq_len)
@@ -310,12 +310,11 @@ def _run_command(args, settings, device, out: Path, corpus, world: World | None)
         world.barrier()
 
     import tl_geometry as tlg
-
-    from .analysis import plan_analysis, run_analysis
-    from .environment import installed_versions
-    from .report import EFFECTS_FILE, build_report
-    from .store import StoreError
-    from .vis import head_grid_html
+    from tl_geometry.analysis import plan_analysis, run_analysis
+    from tl_geometry.environment import installed_versions
+    from tl_geometry.report import EFFECTS_FILE, build_report
+    from tl_geometry.store import StoreError
+    from tl_geometry.vis import head_grid_html
 
     t0 = time.perf_counter()
     print(f"loading {args.model} ...", file=sys.stderr)
@@ -328,7 +327,7 @@ def _run_command(args, settings, device, out: Path, corpus, world: World | None)
         world.barrier()
     try:
         if world is not None:
-            from .distributed import run_sharded
+            from tl_geometry.distributed import run_sharded
 
             result = run_sharded(plan, out / "progress", world, show_progress=not args.no_progress)
             if result is None:
@@ -378,7 +377,7 @@ def _run_command(args, settings, device, out: Path, corpus, world: World | None)
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from .report import build_report
+    from tl_geometry.report import build_report
 
     src = Path(args.dir)
     if not src.is_dir():
@@ -405,7 +404,7 @@ def _check_saved_tables(src: Path) -> None:
     """Every table of a run directory readable (a truncated one is named, not a traceback)."""
     import pyarrow.parquet as pq
 
-    from .analysis import load_result
+    from tl_geometry.analysis import load_result
 
     load_result(src)
     for path in sorted(src.glob("*.parquet")):
@@ -468,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return run_command(args)
         if args.command == "sparsify":
-            from .cli_sparsify import sparsify_command
+            from tl_geometry.cli_sparsify import sparsify_command
 
             return sparsify_command(args)
         return report_command(args)

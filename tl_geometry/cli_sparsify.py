@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import TLGeometryError
+from tl_geometry.errors import TLGeometryError
 
 CURVE_FILE = "curve.json"
 
@@ -58,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random ranking (default 0)")
     p.add_argument("--batch-size", type=int, default=4, help="windows per forward pass (default 4)")
-    from .cli import add_out_options
+    from tl_geometry.cli import add_out_options
 
     add_out_options(p, "runs/sparsify", "curve")
 
@@ -67,10 +67,10 @@ def _options(args: argparse.Namespace) -> dict:
     """Every option checked, before the model is loaded."""
     import math
 
-    from .cli import _parse_ints, check_window_options
-    from .intervention.context import check_n
-    from .intervention.curve import check_tolerance
-    from .rankings import check_rankings
+    from tl_geometry.cli import _parse_ints, check_window_options
+    from tl_geometry.intervention.context import check_n
+    from tl_geometry.intervention.curve import check_tolerance
+    from tl_geometry.rankings import check_rankings
 
     check_window_options(args, "a target after the first token")
     ns = _parse_ints(args.ns, "--ns", ("pow2",))
@@ -86,7 +86,7 @@ def _options(args: argparse.Namespace) -> dict:
 
 
 def _check_out(args: argparse.Namespace) -> Path:
-    from .cli import _check_out as check_out
+    from tl_geometry.cli import _check_out as check_out
 
     return check_out(
         args,
@@ -101,7 +101,7 @@ def sparsify_command(args: argparse.Namespace) -> int:
     """Under torchrun the curve's windows are sharded as in ``tl-geometry run`` (gloo): every rank
     measures its windows of every point, the per-window NLL sums are merged on every rank, and rank 0
     alone writes the files and runs the localised loss and the geometry pass."""
-    from .distributed import World
+    from tl_geometry.distributed import World
 
     options = _options(args)
     out = _check_out(args)  # every rank, before any of them claims the directory
@@ -115,13 +115,12 @@ def sparsify_command(args: argparse.Namespace) -> int:
 
 
 def _sparsify(args: argparse.Namespace, options: dict, out: Path, world: Any) -> int:
-    from .cli import EXIT_INTERRUPTED, _claim_out, _command_line, _corpus, _resume_command
+    from tl_geometry.cli import EXIT_INTERRUPTED, _claim_out, _command_line, _corpus, _resume_command
 
     corpus = _corpus(args)
     import tl_geometry as tlg
-
-    from .report.sparsification import write_sparsify_report
-    from .store import StoreError
+    from tl_geometry.report.sparsification import write_sparsify_report
+    from tl_geometry.store import StoreError
 
     main_process = world is None or world.is_main
     print(f"loading {args.model} ...", file=sys.stderr)

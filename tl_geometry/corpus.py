@@ -26,8 +26,8 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from ._typing import is_integer
-from .errors import InputError
+from tl_geometry._typing import is_integer
+from tl_geometry.errors import InputError
 
 
 @dataclass(frozen=True)

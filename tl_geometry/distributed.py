@@ -41,7 +41,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from .errors import InputError
+from tl_geometry.errors import InputError
 
 #: Folder of one rank's store inside ``OUT/progress``.
 SHARD_PATTERN = "shard-{rank:05d}-of-{size:05d}"
@@ -183,9 +183,9 @@ def run_sharded(plan: Any, progress: Path, world: World, *, show_progress: bool 
     """
     import time
 
-    from .analysis import _assemble, _run_batches, _Wiring
-    from .store import RunStore
-    from .tables import empty_table
+    from tl_geometry.analysis import _assemble, _run_batches, _Wiring
+    from tl_geometry.store import RunStore
+    from tl_geometry.tables import empty_table
 
     start = time.perf_counter()
     store = RunStore(world.shard_dir(progress), plan.identity(), resume=True)

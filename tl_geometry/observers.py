@@ -27,14 +27,14 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .capture import LayerBatch, values_per_head
-from .errors import InputError
-from .models import ModelInfo
-from .query_engine import separability_queries
-from .rankings import DEFAULT_N_RANDOM, check_distance, check_n_random, check_rankings, check_seed, row_keys
-from .selection import NsLike
-from .separability import separability
-from .tables import KEY_COLUMNS, empty_table, head_rows_table, query_rows_table
+from tl_geometry.capture import LayerBatch, values_per_head
+from tl_geometry.errors import InputError
+from tl_geometry.models import ModelInfo
+from tl_geometry.query_engine import separability_queries
+from tl_geometry.rankings import DEFAULT_N_RANDOM, check_distance, check_n_random, check_rankings, check_seed, row_keys
+from tl_geometry.selection import NsLike
+from tl_geometry.separability import separability
+from tl_geometry.tables import KEY_COLUMNS, empty_table, head_rows_table, query_rows_table
 
 #: Metric columns of the separability table, after :data:`~tl_geometry.tables.KEY_COLUMNS`.
 SEPARABILITY_METRICS = ["precision", "recall", "r_min", "r_max", "f_at_rmax", "f_at_rmin"]

@@ -20,10 +20,10 @@ import torch.nn.functional as F
 from jaxtyping import Int
 from torch import Tensor
 
-from ._typing import typechecked
-from .capture import model_device
-from .errors import InputError
-from .models import describe_model
+from tl_geometry._typing import typechecked
+from tl_geometry.capture import model_device
+from tl_geometry.errors import InputError
+from tl_geometry.models import describe_model
 
 #: Name of the per-head output hook (``[batch, pos, head, d_head]``), as ``utils.get_act_name("z", l)``.
 HOOK_Z = "blocks.{layer}.attn.hook_z"

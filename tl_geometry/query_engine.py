@@ -67,9 +67,9 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ._typing import typechecked
-from .errors import InputError
-from .rankings import (
+from tl_geometry._typing import typechecked
+from tl_geometry.errors import InputError
+from tl_geometry.rankings import (
     COSINE_EPS,
     DEFAULT_N_RANDOM,
     check_distance,
@@ -80,8 +80,8 @@ from .rankings import (
     selection_order,
     uniform_scores,
 )
-from .selection import NsLike, resolve_ns
-from .separability import check_row_inputs
+from tl_geometry.selection import NsLike, resolve_ns
+from tl_geometry.separability import check_row_inputs
 
 #: Cells (rows x keys x (sizes + d_head)) of one block. About 2 M cells (16 MiB per float64 tensor
 #: of the block) balances the per-block overhead against the cache; see docs/scaling.md.

@@ -49,8 +49,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ._typing import typechecked
-from .errors import InputError
+from tl_geometry._typing import typechecked
+from tl_geometry.errors import InputError
 
 #: Every ranking ``rank_by`` may name (definitions §7).
 RANKINGS = ("attention", "contribution", "random", "sink_window")

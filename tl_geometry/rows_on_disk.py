@@ -26,7 +26,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from ._files import write_atomic
+from tl_geometry._files import write_atomic
 
 _PART_RE = re.compile(r"part-(\d+)-(\d+)\.parquet")
 

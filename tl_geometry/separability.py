@@ -30,9 +30,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ._typing import typechecked
-from .errors import InputError
-from .rankings import (
+from tl_geometry._typing import typechecked
+from tl_geometry.errors import InputError
+from tl_geometry.rankings import (
     COSINE_EPS,
     DEFAULT_N_RANDOM,
     check_distance,
@@ -44,8 +44,8 @@ from .rankings import (
     selection_order,
     uniform_scores,
 )
-from .screening import balanced_block, decide
-from .selection import NsLike, resolve_ns, sort_by_weight
+from tl_geometry.screening import balanced_block, decide
+from tl_geometry.selection import NsLike, resolve_ns, sort_by_weight
 
 #: Size in bytes of one block of the screen (rows x draws x sizes x keys, float32). About 8 MiB
 #: balances the matrix product and the per-block Python work (fewer, bigger blocks) against the

@@ -32,11 +32,11 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ._files import write_atomic
-from .errors import InputError
-from .models import ModelInfo
-from .rows_on_disk import RowsOnDisk, merge_parts
-from .settings import AnalysisSettings, describe_differences
+from tl_geometry._files import write_atomic
+from tl_geometry.errors import InputError
+from tl_geometry.models import ModelInfo
+from tl_geometry.rows_on_disk import RowsOnDisk, merge_parts
+from tl_geometry.settings import AnalysisSettings, describe_differences
 
 #: Version of the store's layout and of ``progress.json``.
 STORE_FORMAT = 1

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 from torch import Tensor
 
-from .capture import LayerBatch
-from .errors import InputError
+from tl_geometry.capture import LayerBatch
+from tl_geometry.errors import InputError
 
 #: Key of a per-row table: one row per (sequence, layer, head, query position, selection size).
 KEY_COLUMNS = ["seq", "layer", "head", "kv_head", "query_pos", "n"]

@@ -37,10 +37,10 @@ from circuitsvis.attention import attention_heads
 from circuitsvis.utils.render import RenderedHTML
 from torch import Tensor
 
-from .capture import StopForward, forward_with_hooks
-from .errors import InputError, ModelError
-from .models import describe_model, hook_pattern_name
-from .taxonomy.classify import ALL_LABELS
+from tl_geometry.capture import StopForward, forward_with_hooks
+from tl_geometry.errors import InputError, ModelError
+from tl_geometry.models import describe_model, hook_pattern_name
+from tl_geometry.taxonomy.classify import ALL_LABELS
 
 #: Largest number of heads drawn by default. The page carries ``heads x tokens^2`` numbers and the
 #: browser draws as many cells: 32 heads x 64 tokens take about 10 s to appear in a software-rendered

@@ -16,10 +16,10 @@ Each function is the one-batch case of its accumulator (:class:`NormAccumulator`
 ``result`` and save with ``state_dict``.
 """
 
-from .norms import NormAccumulator, ValueNormStats, value_norm_stats
-from .observer import DiagnosticsObserver, DiagnosticsTables
-from .profile import AttentionProfileFit, ProfileAccumulator, fit_attention_profile
-from .similarity import SimilarityAccumulator, SimilarityDecay, similarity_decay
+from tl_geometry.diagnostics.norms import NormAccumulator, ValueNormStats, value_norm_stats
+from tl_geometry.diagnostics.observer import DiagnosticsObserver, DiagnosticsTables
+from tl_geometry.diagnostics.profile import AttentionProfileFit, ProfileAccumulator, fit_attention_profile
+from tl_geometry.diagnostics.similarity import SimilarityAccumulator, SimilarityDecay, similarity_decay
 
 __all__ = [
     "AttentionProfileFit",

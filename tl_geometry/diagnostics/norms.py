@@ -24,9 +24,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .._moments import population_std
-from .._typing import typechecked
-from ._common import ACC_DTYPE, KeyedSums, check_same, empty_frame, median_last
+from tl_geometry._moments import population_std
+from tl_geometry._typing import typechecked
+from tl_geometry.diagnostics._common import ACC_DTYPE, KeyedSums, check_same, empty_frame, median_last
 
 NORM_COLUMNS = [
     "kv_head", "n_seqs", "n_keys", "sink_norm", "median_norm", "mean_norm",

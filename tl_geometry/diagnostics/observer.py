@@ -14,12 +14,10 @@ from dataclasses import dataclass, field, fields
 import pandas as pd
 import torch
 
-from ..capture import LayerBatch
-from ..errors import InputError
-from ..models import ModelInfo
-from ._common import check_same, empty_frame
-from .norms import NORM_COLUMNS, NORM_CURVE_COLUMNS, NormAccumulator
-from .profile import (
+from tl_geometry.capture import LayerBatch
+from tl_geometry.diagnostics._common import check_same, empty_frame
+from tl_geometry.diagnostics.norms import NORM_COLUMNS, NORM_CURVE_COLUMNS, NormAccumulator
+from tl_geometry.diagnostics.profile import (
     DEFAULT_FLOOR,
     DEFAULT_MAX_LOG_ERROR,
     DEFAULT_N_OMEGA,
@@ -28,8 +26,15 @@ from .profile import (
     ProfileAccumulator,
     profile_tables,
 )
-from .profile_fit import fit_profiles
-from .similarity import DEFAULT_K_MAX, SIMILARITY_COLUMNS, SIMILARITY_CURVE_COLUMNS, SimilarityAccumulator
+from tl_geometry.diagnostics.profile_fit import fit_profiles
+from tl_geometry.diagnostics.similarity import (
+    DEFAULT_K_MAX,
+    SIMILARITY_COLUMNS,
+    SIMILARITY_CURVE_COLUMNS,
+    SimilarityAccumulator,
+)
+from tl_geometry.errors import InputError
+from tl_geometry.models import ModelInfo
 
 _STATE_VERSION = 1
 

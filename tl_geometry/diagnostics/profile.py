@@ -16,10 +16,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .._typing import typechecked
-from ..errors import InputError
-from ._common import ACC_DTYPE, as_state, check_same, empty_frame
-from .profile_fit import ProfileFitTensors, fit_profiles
+from tl_geometry._typing import typechecked
+from tl_geometry.diagnostics._common import ACC_DTYPE, as_state, check_same, empty_frame
+from tl_geometry.diagnostics.profile_fit import ProfileFitTensors, fit_profiles
+from tl_geometry.errors import InputError
 
 #: Weights below this are raised to it before the log (a zero would give ``-inf``).
 DEFAULT_FLOOR = 1e-12

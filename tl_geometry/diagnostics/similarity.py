@@ -29,12 +29,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .._moments import population_std
-from .._typing import typechecked
-from ..errors import InputError
-from ._common import ACC_DTYPE, KeyedSums, check_same, empty_frame, unit
-from .decay_fit import fit_exponential_decay
-from .lag_cosines import lag_cosine_sums
+from tl_geometry._moments import population_std
+from tl_geometry._typing import typechecked
+from tl_geometry.diagnostics._common import ACC_DTYPE, KeyedSums, check_same, empty_frame, unit
+from tl_geometry.diagnostics.decay_fit import fit_exponential_decay
+from tl_geometry.diagnostics.lag_cosines import lag_cosine_sums
+from tl_geometry.errors import InputError
 
 #: Default largest lag. Assumption 2 is about how similarity falls off with distance; at
 #: long lags real values keep a floor of shared direction that a pure exponential cannot follow.

@@ -7,11 +7,11 @@
 * :func:`geometry_vs_function` — Spearman's ``rho`` between separability and loss.
 """
 
-from .context import TopNAttention, top_n_attention
-from .curve import SparsificationCurve, load_curve, sparsification_curve
-from .function import geometry_vs_function
-from .localized import localized_loss
-from .restrict import restrict_pattern
+from tl_geometry.intervention.context import TopNAttention, top_n_attention
+from tl_geometry.intervention.curve import SparsificationCurve, load_curve, sparsification_curve
+from tl_geometry.intervention.function import geometry_vs_function
+from tl_geometry.intervention.localized import localized_loss
+from tl_geometry.intervention.restrict import restrict_pattern
 
 __all__ = [
     "SparsificationCurve",

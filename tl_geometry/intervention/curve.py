@@ -37,14 +37,14 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 import torch
 
-from .._files import write_json_atomic
-from ..analysis import _as_corpus, corpus_tokens
-from ..errors import InputError
-from ..models import describe_model
-from ..rankings import RANKINGS, check_rankings, check_seed
-from ..store import StoreError, model_fingerprint, tokens_sha256
-from .context import top_n_attention
-from .loss import LossSum, check_windows, corpus_nll
+from tl_geometry._files import write_json_atomic
+from tl_geometry.analysis import _as_corpus, corpus_tokens
+from tl_geometry.errors import InputError
+from tl_geometry.intervention.context import top_n_attention
+from tl_geometry.intervention.loss import LossSum, check_windows, corpus_nll
+from tl_geometry.models import describe_model
+from tl_geometry.rankings import RANKINGS, check_rankings, check_seed
+from tl_geometry.store import StoreError, model_fingerprint, tokens_sha256
 
 CURVE_FILE = "curve.json"
 CURVE_COLUMNS = ["rank_by", "renormalize", "n", "nll", "nll_full", "delta_nll_rel", "n_tokens", "stage"]
@@ -279,7 +279,7 @@ def sparsification_curve(
     store = _CurveStore(None if out_dir is None else Path(out_dir), identity, resume, world is None or world.is_main)
     shard: dict[str, Any] = {}
     if world is not None:
-        from ..distributed import shard_windows
+        from tl_geometry.distributed import shard_windows
 
         shard = {"windows": shard_windows(int(tokens.shape[0]), world.rank, world.size), "gather": world.merge_dicts}
     with top_n_attention(

@@ -20,8 +20,8 @@ from typing import Any
 import pandas as pd
 from scipy.stats import spearmanr
 
-from ..errors import InputError
-from .curve import SparsificationCurve
+from tl_geometry.errors import InputError
+from tl_geometry.intervention.curve import SparsificationCurve
 
 GEOMETRY = ("f_at_rmax", "f_at_rmin")
 FUNCTION_COLUMNS = ["comparison", "rank_by", "renormalize", "geometry", "n_points", "rho", "p_value"]

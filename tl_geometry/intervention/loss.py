@@ -16,8 +16,8 @@ from jaxtyping import Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..capture import model_device
-from ..errors import InputError
+from tl_geometry.capture import model_device
+from tl_geometry.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .._typing import typechecked
-from ..rankings import top_n_cut, top_n_mask
+from tl_geometry._typing import typechecked
+from tl_geometry.rankings import top_n_cut, top_n_mask
 
 
 @typechecked

@@ -32,19 +32,19 @@ A figure whose table is missing raises :class:`tl_geometry.InputError` saying wh
 ``analyze`` produces it. See ``docs/figures.md`` for how to read each figure.
 """
 
-from .attention import attention_mass
-from .colors import METRIC_COLORS, REGIME_COLORS, REGIME_ORDER
-from .contributions import contribution_points, contributions_from_model, contributions_scatter
-from .heatmap import head_heatmap, head_values
-from .norms import norm_cv_histogram, norms_by_position
-from .rankings import RANKING_COLORS, separability_by_ranking
-from .regime_curves import example_heads, regime_diagnostics
-from .regime_summaries import regime_pr, regimes_by_layer
-from .regime_tests import REGIME_SYMBOLS, effect_by_regime, regime_clusters
-from .selection import envelopes, separability
-from .similarity import mae_histogram, similarity_curves
-from .sink import sink_correlation
-from .sparsification import geometry_vs_loss, localized_loss_map, loss_curve
+from tl_geometry.plot.attention import attention_mass
+from tl_geometry.plot.colors import METRIC_COLORS, REGIME_COLORS, REGIME_ORDER
+from tl_geometry.plot.contributions import contribution_points, contributions_from_model, contributions_scatter
+from tl_geometry.plot.heatmap import head_heatmap, head_values
+from tl_geometry.plot.norms import norm_cv_histogram, norms_by_position
+from tl_geometry.plot.rankings import RANKING_COLORS, separability_by_ranking
+from tl_geometry.plot.regime_curves import example_heads, regime_diagnostics
+from tl_geometry.plot.regime_summaries import regime_pr, regimes_by_layer
+from tl_geometry.plot.regime_tests import REGIME_SYMBOLS, effect_by_regime, regime_clusters
+from tl_geometry.plot.selection import envelopes, separability
+from tl_geometry.plot.similarity import mae_histogram, similarity_curves
+from tl_geometry.plot.sink import sink_correlation
+from tl_geometry.plot.sparsification import geometry_vs_loss, localized_loss_map, loss_curve
 
 #: In the paper's figure order (a report lists the figures in this order), then helpers and constants.
 __all__ = [

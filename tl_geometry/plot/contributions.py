@@ -8,10 +8,10 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
-from ..capture import LayerBatch, resolve_query_positions, run_streaming
-from ..errors import InputError
-from ..models import describe_model
-from ._common import base_layout
+from tl_geometry.capture import LayerBatch, resolve_query_positions, run_streaming
+from tl_geometry.errors import InputError
+from tl_geometry.models import describe_model
+from tl_geometry.plot._common import base_layout
 
 #: Diverging scale for cosines in [-1, 1].
 COSINE_COLORSCALE = "RdBu"

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ._common import DIAGNOSTICS, as_array, base_layout, get_table
+from tl_geometry.plot._common import DIAGNOSTICS, as_array, base_layout, get_table
 
 if TYPE_CHECKING:
-    from ..analysis import AnalysisResult
+    from tl_geometry.analysis import AnalysisResult
 
 
 _BAND_COLOR = "rgba(31, 119, 180, 0.2)"

@@ -8,11 +8,11 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..errors import InputError
-from ._common import N_AXIS, as_array, select_query
+from tl_geometry.errors import InputError
+from tl_geometry.plot._common import N_AXIS, as_array, select_query
 
 if TYPE_CHECKING:
-    from ..analysis import AnalysisResult
+    from tl_geometry.analysis import AnalysisResult
 
 _METRICS = ("precision", "recall", "f_at_rmax", "f_at_rmin")
 #: One colour per ranking (the random control grey, as a baseline).

@@ -8,14 +8,14 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..errors import InputError
-from ..taxonomy import regime_pr_curves, regime_shares
-from ._common import N_AXIS, as_array, base_layout, get_table
-from .colors import REGIME_COLORS, REGIME_ORDER
-from .regime_curves import check_heads
+from tl_geometry.errors import InputError
+from tl_geometry.plot._common import N_AXIS, as_array, base_layout, get_table
+from tl_geometry.plot.colors import REGIME_COLORS, REGIME_ORDER
+from tl_geometry.plot.regime_curves import check_heads
+from tl_geometry.taxonomy import regime_pr_curves, regime_shares
 
 if TYPE_CHECKING:
-    from ..analysis import AnalysisResult
+    from tl_geometry.analysis import AnalysisResult
 
 
 def regimes_by_layer(heads: pd.DataFrame) -> go.Figure:

@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..errors import InputError
-from ._common import as_array, base_layout
-from .colors import REGIME_COLORS, REGIME_ORDER
+from tl_geometry.errors import InputError
+from tl_geometry.plot._common import as_array, base_layout
+from tl_geometry.plot.colors import REGIME_COLORS, REGIME_ORDER
 
 #: Marker symbol of each rule label in the cluster plane.
 REGIME_SYMBOLS = {"Retriever": "circle", "Mixer": "diamond", "Reset": "square", "Unclassified": "x"}

@@ -8,13 +8,13 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..errors import InputError
-from ..theory.observer import envelopes as envelope_table
-from ._common import BOUNDS, N_AXIS, as_array, base_layout, get_table, select_query
-from .colors import LOWER_COLOR, MEASURED_COLOR, METRIC_COLORS, UPPER_COLOR
+from tl_geometry.errors import InputError
+from tl_geometry.plot._common import BOUNDS, N_AXIS, as_array, base_layout, get_table, select_query
+from tl_geometry.plot.colors import LOWER_COLOR, MEASURED_COLOR, METRIC_COLORS, UPPER_COLOR
+from tl_geometry.theory.observer import envelopes as envelope_table
 
 if TYPE_CHECKING:
-    from ..analysis import AnalysisResult
+    from tl_geometry.analysis import AnalysisResult
 
 
 _METRICS = ("precision", "recall", "f_at_rmax", "f_at_rmin")

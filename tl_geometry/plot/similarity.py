@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..errors import InputError
-from ._common import DIAGNOSTICS, as_array, base_layout, get_table
+from tl_geometry.errors import InputError
+from tl_geometry.plot._common import DIAGNOSTICS, as_array, base_layout, get_table
 
 if TYPE_CHECKING:
-    from ..analysis import AnalysisResult
+    from tl_geometry.analysis import AnalysisResult
 
 
 def mae_histogram(result: AnalysisResult | pd.DataFrame, *, nbins: int | None = None) -> go.Figure:

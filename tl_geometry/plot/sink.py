@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..errors import InputError
-from ..taxonomy import rho0_table, sink_effect
-from ._common import DIAGNOSTICS, N_AXIS, as_array, base_layout, get_table
-from .colors import PEARSON_COLOR, SPEARMAN_COLOR
+from tl_geometry.errors import InputError
+from tl_geometry.plot._common import DIAGNOSTICS, N_AXIS, as_array, base_layout, get_table
+from tl_geometry.plot.colors import PEARSON_COLOR, SPEARMAN_COLOR
+from tl_geometry.taxonomy import rho0_table, sink_effect
 
 if TYPE_CHECKING:
-    from ..analysis import AnalysisResult
+    from tl_geometry.analysis import AnalysisResult
 
 
 _EFFECT_COLUMNS = {"n", "pearson", "spearman"}

@@ -29,9 +29,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..errors import InputError
-from ..intervention.curve import DEFAULT_TOLERANCE, SparsificationCurve
-from ..intervention.function import geometry_vs_function
+from tl_geometry.errors import InputError
+from tl_geometry.intervention.curve import DEFAULT_TOLERANCE, SparsificationCurve
+from tl_geometry.intervention.function import geometry_vs_function
 
 RANKING_COLORS = {"attention": "#0072B2", "contribution": "#009E73", "random": "#D55E00", "sink_window": "#777777"}
 BASELINE = "sink_window"

@@ -17,9 +17,9 @@ summary table and figures, or a "not available: run with ..." line, and the head
 is inlined once in ``<head>``; every figure is a div; circuitsvis' script is inline in the grid.
 """
 
-from .build import EFFECTS_FILE, HEAD_GRID_FILE, HEADS_FILE, REPORT_FILE, RUN_INFO_FILE, build_report
-from .figures import SECTIONS, ReportFigure, default_figures, guess_section
-from .page import PLOTLYJS_ID
+from tl_geometry.report.build import EFFECTS_FILE, HEAD_GRID_FILE, HEADS_FILE, REPORT_FILE, RUN_INFO_FILE, build_report
+from tl_geometry.report.figures import SECTIONS, ReportFigure, default_figures, guess_section
+from tl_geometry.report.page import PLOTLYJS_ID
 
 __all__ = [
     "EFFECTS_FILE",

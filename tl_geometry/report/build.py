@@ -9,13 +9,19 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from .._files import write_atomic
-from ..analysis import AnalysisResult, load_result
-from ..errors import InputError
-from ..tables import check_heads
-from .figures import SECTIONS, ReportFigure, as_report_figures, default_figures, regime_test_figures
-from .page import check_self_contained, footer_html, head_grid_section, meta_html, page_html, section_html
-from .sections import (
+from tl_geometry._files import write_atomic
+from tl_geometry.analysis import AnalysisResult, load_result
+from tl_geometry.errors import InputError
+from tl_geometry.report.figures import SECTIONS, ReportFigure, as_report_figures, default_figures, regime_test_figures
+from tl_geometry.report.page import (
+    check_self_contained,
+    footer_html,
+    head_grid_section,
+    meta_html,
+    page_html,
+    section_html,
+)
+from tl_geometry.report.sections import (
     Summary,
     diagnostics_summary,
     envelope_summary,
@@ -25,6 +31,7 @@ from .sections import (
     separability_summary,
     taxonomy_summary,
 )
+from tl_geometry.tables import check_heads
 
 #: Files of a run directory the report reads besides the saved result (all optional).
 RUN_INFO_FILE = "run.json"

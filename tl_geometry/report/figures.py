@@ -19,7 +19,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..errors import InputError
+from tl_geometry.errors import InputError
 
 #: Report sections, in page order: key -> heading.
 SECTIONS = {
@@ -221,7 +221,7 @@ def default_figures(result: Any, heads: Any = None) -> list[ReportFigure]:
         return []
     why_no_heads = None
     if heads is None:
-        from .sections import heads_table
+        from tl_geometry.report.sections import heads_table
 
         heads, why_no_heads = heads_table(result)
     known = {k.name: k for k in KNOWN_FIGURES}
@@ -266,8 +266,8 @@ def regime_test_figures(result: Any, heads: Any, effects: Any = None) -> list[Re
     """The two tests of the regimes (definitions §5): the cluster plane and, given per-head
     ``effects`` (patching, mean-ablation, localised loss), the effect by regime; each listed as
     not available, with what to run, when it cannot be drawn."""
-    from .. import plot
-    from ..taxonomy import join_heads, regime_clusters
+    from tl_geometry import plot
+    from tl_geometry.taxonomy import join_heads, regime_clusters
 
     out = []
     clusters_title = "Are the regimes real? k-means clusters of the heads"

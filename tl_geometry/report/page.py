@@ -9,8 +9,8 @@ from typing import Any
 
 import pandas as pd
 
-from .figures import SECTIONS, ReportFigure
-from .sections import Summary
+from tl_geometry.report.figures import SECTIONS, ReportFigure
+from tl_geometry.report.sections import Summary
 
 #: Marks the one inline copy of plotly.js (tests count it).
 PLOTLYJS_ID = "tlg-plotlyjs"

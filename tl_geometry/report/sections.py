@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..environment import installed_versions
-from ..errors import InputError
-from ..tables import attention_rows
+from tl_geometry.environment import installed_versions
+from tl_geometry.errors import InputError
+from tl_geometry.tables import attention_rows
 
 _METRICS = ["precision", "recall", "f_at_rmax", "f_at_rmin"]
 
@@ -177,7 +177,7 @@ def diagnostics_summary(result: Any) -> Summary:
 def heads_table(result: Any) -> tuple[pd.DataFrame | None, str | None]:
     """``classify_heads(result)`` and None, or None and why it is not available."""
     try:
-        from ..taxonomy import classify_heads
+        from tl_geometry.taxonomy import classify_heads
     except ImportError as exc:  # pragma: no cover - the taxonomy is part of the package
         return None, f"not available: tl_geometry.taxonomy cannot be imported ({exc})"
     queries = (getattr(result, "config", None) or {}).get("query_positions") or [None]

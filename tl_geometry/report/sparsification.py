@@ -23,11 +23,11 @@ from typing import Any
 
 import pandas as pd
 
-from .._files import write_atomic
-from ..errors import InputError
-from .figures import ReportFigure
-from .page import footer_html, meta_html, page_html, section_html
-from .sections import Summary
+from tl_geometry._files import write_atomic
+from tl_geometry.errors import InputError
+from tl_geometry.report.figures import ReportFigure
+from tl_geometry.report.page import footer_html, meta_html, page_html, section_html
+from tl_geometry.report.sections import Summary
 
 SECTION = "sparsification"
 
@@ -52,7 +52,7 @@ def sparsification_figures(
     curve: Any, tolerance: float = 0.05, result: Any = None, local: pd.DataFrame | None = None
 ) -> list[ReportFigure]:
     """Figures (b), (c) (with ``result``) and (d) (with ``local``), or a "not available" entry each."""
-    from ..plot.sparsification import geometry_vs_loss, localized_loss_map, loss_curve
+    from tl_geometry.plot.sparsification import geometry_vs_loss, localized_loss_map, loss_curve
 
     out = [ReportFigure("Loss by N (b)", "delta_nll_rel per ranking and renormalisation; N* starred", loss_curve(curve, tolerance),
                         SECTION, source="tl_geometry.plot.loss_curve")]  # fmt: skip

@@ -18,9 +18,9 @@
   :func:`classification_stability` (labels of two halves of the sequences).
 """
 
-from .accumulate import TABLE_COLUMNS as FEATURE_TABLE_COLUMNS
-from .accumulate import FeatureAccumulator
-from .classify import (
+from tl_geometry.taxonomy.accumulate import TABLE_COLUMNS as FEATURE_TABLE_COLUMNS
+from tl_geometry.taxonomy.accumulate import FeatureAccumulator
+from tl_geometry.taxonomy.classify import (
     ALL_LABELS,
     HEAD_FEATURE_COLUMNS,
     REGIMES,
@@ -29,13 +29,18 @@ from .classify import (
     classify_heads,
     head_features,
 )
-from .clusters import STRUCTURE_SILHOUETTE, RegimeClusters, cluster_features, regime_clusters
-from .features import RegimeFeatures, regime_features, sink_similarity
-from .function import RegimeFunction, join_heads, regime_function
-from .observer import TaxonomyObserver, halves
-from .sink_effect import average_ranks, pearson, rho0_table, sink_effect, spearman
-from .summaries import ClassificationStability, classification_stability, regime_pr_curves, regime_shares
-from .tables import regime_feature_table
+from tl_geometry.taxonomy.clusters import STRUCTURE_SILHOUETTE, RegimeClusters, cluster_features, regime_clusters
+from tl_geometry.taxonomy.features import RegimeFeatures, regime_features, sink_similarity
+from tl_geometry.taxonomy.function import RegimeFunction, join_heads, regime_function
+from tl_geometry.taxonomy.observer import TaxonomyObserver, halves
+from tl_geometry.taxonomy.sink_effect import average_ranks, pearson, rho0_table, sink_effect, spearman
+from tl_geometry.taxonomy.summaries import (
+    ClassificationStability,
+    classification_stability,
+    regime_pr_curves,
+    regime_shares,
+)
+from tl_geometry.taxonomy.tables import regime_feature_table
 
 __all__ = [
     "ALL_LABELS",

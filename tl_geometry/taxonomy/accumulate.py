@@ -18,11 +18,11 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .._moments import population_std
-from .._typing import ACC_DTYPE
-from ..errors import InputError
-from ..tables import HEAD_KEY_COLUMNS, empty_frame
-from .features import CURVE_FEATURES, SCALAR_FEATURES
+from tl_geometry._moments import population_std
+from tl_geometry._typing import ACC_DTYPE
+from tl_geometry.errors import InputError
+from tl_geometry.tables import HEAD_KEY_COLUMNS, empty_frame
+from tl_geometry.taxonomy.features import CURVE_FEATURES, SCALAR_FEATURES
 
 _LOO = {"norm_s_minus_sink": "sink_in", "norm_s_minus_last": "last_in"}
 

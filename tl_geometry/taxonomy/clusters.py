@@ -31,8 +31,8 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from ..errors import InputError
-from .classify import ALL_LABELS, MODES, classify_heads
+from tl_geometry.errors import InputError
+from tl_geometry.taxonomy.classify import ALL_LABELS, MODES, classify_heads
 
 #: Best mean silhouette from which the clustering is taken as structure (Kaufman and Rousseeuw).
 STRUCTURE_SILHOUETTE = 0.5
@@ -102,7 +102,7 @@ def cluster_features(obj: Any, *, query_pos: int | None = None) -> pd.DataFrame:
             "regime_clusters needs the per-N features table: run tlg.analyze(..., taxonomy=True) and pass the "
             "result, or pass TaxonomyObserver.features()"
         )
-    from ..tables import select_query_pos
+    from tl_geometry.tables import select_query_pos
 
     t = select_query_pos(table, query_pos, "features table", " (curves over N of different K are not clustered)")
     if t.empty:

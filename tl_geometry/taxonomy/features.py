@@ -26,10 +26,10 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from .._typing import typechecked
-from ..rankings import selection_order
-from ..selection import NsLike, resolve_ns
-from ..separability import check_row_inputs
+from tl_geometry._typing import typechecked
+from tl_geometry.rankings import selection_order
+from tl_geometry.selection import NsLike, resolve_ns
+from tl_geometry.separability import check_row_inputs
 
 #: Per-row scalar features (one value per row).
 SCALAR_FEATURES = ("c_sink", "c_last", "c_rest", "rho_0")

@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 from torch import Tensor
 
-from ..errors import InputError
-from ..tables import attention_rows, check_heads, select_query_pos
-from .classify import ALL_LABELS, classify_heads
+from tl_geometry.errors import InputError
+from tl_geometry.tables import attention_rows, check_heads, select_query_pos
+from tl_geometry.taxonomy.classify import ALL_LABELS, classify_heads
 
 #: Per-head value columns recognised without ``value=``, in this order.
 KNOWN_VALUES = ("effect", "delta_loss", "delta_nll_rel")
@@ -29,7 +29,7 @@ JOIN_KEYS = ["layer", "head"]
 def _per_head(effects: Any, value: str | None) -> tuple[pd.DataFrame, str]:
     """The per-head frame and its value column, from a frame or a [n_layers, n_heads] tensor."""
     if isinstance(effects, Tensor):
-        from ..patching import effect_frame
+        from tl_geometry.patching import effect_frame
 
         name = value or "effect"
         return effect_frame(effects, name), name

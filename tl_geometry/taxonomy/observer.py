@@ -14,13 +14,13 @@ from typing import Any, Callable, Hashable, Mapping
 import pandas as pd
 import torch
 
-from ..capture import LayerBatch, values_per_head
-from ..errors import InputError
-from ..models import ModelInfo
-from ..selection import NsLike, resolve_ns
-from ..separability import check_row_inputs
-from .accumulate import FeatureAccumulator
-from .features import row_features, sink_similarity
+from tl_geometry.capture import LayerBatch, values_per_head
+from tl_geometry.errors import InputError
+from tl_geometry.models import ModelInfo
+from tl_geometry.selection import NsLike, resolve_ns
+from tl_geometry.separability import check_row_inputs
+from tl_geometry.taxonomy.accumulate import FeatureAccumulator
+from tl_geometry.taxonomy.features import row_features, sink_similarity
 
 _STATE_VERSION = 1
 

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..tables import attention_rows, check_heads, select_query_pos
-from .classify import ALL_LABELS, classify_heads
+from tl_geometry.tables import attention_rows, check_heads, select_query_pos
+from tl_geometry.taxonomy.classify import ALL_LABELS, classify_heads
 
 SHARE_COLUMNS = ["layer", "regime", "n_heads", "share"]
 PR_COLUMNS = [

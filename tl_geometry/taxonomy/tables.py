@@ -9,12 +9,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .._typing import typechecked
-from ..selection import NsLike, resolve_ns
-from ..separability import check_row_inputs
-from .accumulate import FeatureAccumulator
-from .features import sink_similarity
-from .observer import accumulate_rows
+from tl_geometry._typing import typechecked
+from tl_geometry.selection import NsLike, resolve_ns
+from tl_geometry.separability import check_row_inputs
+from tl_geometry.taxonomy.accumulate import FeatureAccumulator
+from tl_geometry.taxonomy.features import sink_similarity
+from tl_geometry.taxonomy.observer import accumulate_rows
 
 
 @typechecked

@@ -10,9 +10,9 @@
   called regimes; :mod:`tl_geometry.theory.size_phases`).
 """
 
-from .bounds import Bounds, SimilarityModel, bounds, f_bound
-from .observer import BOUND_COLUMNS, BOUNDS_COLUMNS, BoundsObserver, envelopes, join_bounds
-from .size_phases import PHASES, SEGMENTS, PiecewiseProfile, phase_boundaries, size_phases
+from tl_geometry.theory.bounds import Bounds, SimilarityModel, bounds, f_bound
+from tl_geometry.theory.observer import BOUND_COLUMNS, BOUNDS_COLUMNS, BoundsObserver, envelopes, join_bounds
+from tl_geometry.theory.size_phases import PHASES, SEGMENTS, PiecewiseProfile, phase_boundaries, size_phases
 
 __all__ = [
     "BOUND_COLUMNS",

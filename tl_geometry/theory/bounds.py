@@ -71,12 +71,12 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .._typing import typechecked
-from ..errors import InputError
-from ..rankings import selection_order
-from ..selection import NsLike, resolve_ns
-from ..separability import check_row_inputs
-from .boundary_cosines import bucket_max_matrix, bucket_max_measured, rho_out_from_buckets
+from tl_geometry._typing import typechecked
+from tl_geometry.errors import InputError
+from tl_geometry.rankings import selection_order
+from tl_geometry.selection import NsLike, resolve_ns
+from tl_geometry.separability import check_row_inputs
+from tl_geometry.theory.boundary_cosines import bucket_max_matrix, bucket_max_measured, rho_out_from_buckets
 
 #: Working-set size of one block of ``[rows, sizes, keys]`` tensors (a tuning knob only).
 DEFAULT_BLOCK_BYTES = 64 << 20

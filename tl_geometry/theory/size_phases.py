@@ -44,9 +44,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..errors import InputError
-from ..rankings import selection_order
-from ..selection import NsLike, resolve_ns
+from tl_geometry.errors import InputError
+from tl_geometry.rankings import selection_order
+from tl_geometry.selection import NsLike, resolve_ns
 
 #: Segments of the profile a key can fall in.
 SEGMENTS = ("sink", "plateau", "peak", "valley", "tail")
