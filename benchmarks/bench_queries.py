@@ -6,7 +6,7 @@ of the embedded CPython documentation corpus, log grid of ``N``, attention ranki
 
 1. every query position (``query_positions="all"``, the query engine) / forward, float64 (the
    default) and float32 screening (float64 re-check) [target <= 3];
-2. the old way, one query position at a time (``tl_geometry.separability`` per position), against
+2. the old way, one query position at a time (``tl_geometry.core.separability`` per position), against
    the query engine on the same ``--stride``-spaced positions: the speed-up of the engine.
 
 "forward" is the model's plain forward pass over the same windows (no hooks), the best of two;

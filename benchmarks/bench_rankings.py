@@ -51,7 +51,7 @@ def analysis_seconds(model, corpus, repeats: int | None = None, **kwargs) -> flo
 def timing_local_columns():
     """Context: the engine's local-columns step (retained_mass, local_error_del, local_error_ren)
     timed on every call; ``.seconds`` is their total time."""
-    engine = importlib.import_module("tl_geometry.separability")  # the module (tlg.separability is the function)
+    engine = importlib.import_module("tl_geometry.core.separability")  # the module (tlg.separability is the function)
     real = engine._local_columns
 
     class Timer:

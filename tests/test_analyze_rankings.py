@@ -10,9 +10,9 @@ from conftest import build
 
 import tl_geometry as tlg
 from tl_geometry import cli
+from tl_geometry.core.rankings import row_keys
 from tl_geometry.errors import InputError
 from tl_geometry.models import hook_pattern_name, hook_v_name
-from tl_geometry.rankings import row_keys
 
 TEXT = ["The quick brown fox jumps over the lazy dog. " * 12, "Attention is a weighting of values. " * 10]
 METRICS = [

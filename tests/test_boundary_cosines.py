@@ -13,7 +13,7 @@ import pytest
 import torch
 from reference import top_n
 
-from tl_geometry.rankings import selection_order
+from tl_geometry.core.rankings import selection_order
 from tl_geometry.theory.boundary_cosines import (
     bucket_max_matrix,
     bucket_max_measured,

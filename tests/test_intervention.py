@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from intervention_reference import hf_nll, hf_top_n, ignoring_pattern_edits, restrict_rows_by_sorting
 
 import tl_geometry as tlg
+from tl_geometry.core.rankings import top_n_mask
 from tl_geometry.errors import InputError, ModelError
 from tl_geometry.intervention import restrict_pattern
 from tl_geometry.intervention.loss import corpus_nll
-from tl_geometry.rankings import top_n_mask
 
 
 def llama_pair(n_heads=4, n_kv_heads=2, seed=0):

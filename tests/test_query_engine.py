@@ -19,10 +19,10 @@ from reference import row_metrics
 
 import tl_geometry as tlg
 from tl_geometry import observers
+from tl_geometry.core.query_engine import separability_queries
+from tl_geometry.core.rankings import row_keys
+from tl_geometry.core.sizes import resolve_ns
 from tl_geometry.errors import InputError
-from tl_geometry.query_engine import separability_queries
-from tl_geometry.rankings import row_keys
-from tl_geometry.selection import resolve_ns
 
 COUNTED = ["precision", "recall", "f_at_rmax", "f_at_rmin"]
 MEASURED = ["r_max", "r_min", "retained_mass", "local_error_del", "local_error_ren"]

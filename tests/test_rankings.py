@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tl_geometry import rankings
+from tl_geometry.core import rankings
 from tl_geometry.errors import InputError
 
 MASK = (1 << 64) - 1

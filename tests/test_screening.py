@@ -13,8 +13,8 @@ from reference import row_separability
 from test_separability import random_rows
 
 import tl_geometry as tlg
-from tl_geometry import screening
-from tl_geometry.rankings import COSINE_EPS, ranking_scores, selection_order
+from tl_geometry.core import screening
+from tl_geometry.core.rankings import COSINE_EPS, ranking_scores, selection_order
 
 DISTANCES = ["euclidean", "cosine"]
 #: Relative noise of near_tie_rows: distances apart by about 1e-9 (the cosine: 1e-8 squared / 2)

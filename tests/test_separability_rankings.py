@@ -13,8 +13,8 @@ from reference import METRICS, mix, row_metrics
 from test_separability import random_rows
 
 import tl_geometry as tlg
+from tl_geometry.core.rankings import row_keys
 from tl_geometry.errors import InputError
-from tl_geometry.rankings import row_keys
 
 RANKINGS = ["attention", "contribution", "sink_window", "random"]
 DISTANCES = ["euclidean", "cosine"]

@@ -29,13 +29,13 @@ from tqdm.auto import tqdm
 
 from tl_geometry._files import write_atomic, write_json_atomic
 from tl_geometry.capture import model_device, run_streaming
+from tl_geometry.core.sizes import NsLike
 from tl_geometry.corpus import Corpus, TokenCorpus, from_texts, from_tokens
 from tl_geometry.diagnostics import DiagnosticsObserver
 from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo, describe_model, load_model
 from tl_geometry.observers import LOCAL_ERROR_METRICS, SEPARABILITY_METRICS, Observer, RowObserver, SeparabilityObserver
 from tl_geometry.rows_on_disk import RowsOnDisk
-from tl_geometry.selection import NsLike
 from tl_geometry.settings import AnalysisSettings
 from tl_geometry.store import RunStore, run_identity
 from tl_geometry.tables import KEY_COLUMNS, REFERENCE_RANKING, attention_rows, empty_table

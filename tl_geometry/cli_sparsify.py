@@ -68,9 +68,9 @@ def _options(args: argparse.Namespace) -> dict:
     import math
 
     from tl_geometry.cli import _parse_ints, check_window_options
+    from tl_geometry.core.rankings import check_rankings
     from tl_geometry.intervention.context import check_n
     from tl_geometry.intervention.curve import check_tolerance
-    from tl_geometry.rankings import check_rankings
 
     check_window_options(args, "a target after the first token")
     ns = _parse_ints(args.ns, "--ns", ("pow2",))

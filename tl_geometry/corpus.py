@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from tl_geometry._typing import is_integer
+from tl_geometry.core.checks import is_integer
 from tl_geometry.errors import InputError
 
 

@@ -28,12 +28,19 @@ import torch
 from torch import Tensor
 
 from tl_geometry.capture import LayerBatch, values_per_head
+from tl_geometry.core.query_engine import separability_queries
+from tl_geometry.core.rankings import (
+    DEFAULT_N_RANDOM,
+    check_distance,
+    check_n_random,
+    check_rankings,
+    check_seed,
+    row_keys,
+)
+from tl_geometry.core.separability import separability
+from tl_geometry.core.sizes import NsLike
 from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo
-from tl_geometry.query_engine import separability_queries
-from tl_geometry.rankings import DEFAULT_N_RANDOM, check_distance, check_n_random, check_rankings, check_seed, row_keys
-from tl_geometry.selection import NsLike
-from tl_geometry.separability import separability
 from tl_geometry.tables import KEY_COLUMNS, empty_table, head_rows_table, query_rows_table
 
 #: Metric columns of the separability table, after :data:`~tl_geometry.tables.KEY_COLUMNS`.
@@ -46,8 +53,8 @@ SEPARABILITY_COLUMNS = ["rank_by", *SEPARABILITY_METRICS, *LOCAL_ERROR_METRICS, 
 _ROW_STATE_VERSION = 1
 
 #: From this many query positions per layer on, :class:`SeparabilityObserver` computes them all at
-#: once with :func:`tl_geometry.query_engine.separability_queries` (same rows, faster); fewer go
-#: through :func:`tl_geometry.separability` one position at a time.
+#: once with :func:`tl_geometry.core.query_engine.separability_queries` (same rows, faster); fewer go
+#: through :func:`tl_geometry.core.separability` one position at a time.
 MIN_QUERIES_FOR_BLOCKS = 2
 
 
@@ -147,13 +154,13 @@ class RowMetricsObserver:
 
 
 class SeparabilityObserver(RowMetricsObserver):
-    """Computes :func:`tl_geometry.separability` for every head, chosen query row and ranking of a layer.
+    """Computes :func:`tl_geometry.core.separability` for every head, chosen query row and ranking of a layer.
 
     One row per ``(seq, layer, head, query_pos, n)`` and ranking with the columns :data:`KEY_COLUMNS`
     and :data:`SEPARABILITY_COLUMNS`: ``rank_by``, the metrics and local errors (float64), the
     ``distance`` and ``n_draws`` (random draws averaged in the row; 1 for the other rankings), as in
     ``AnalysisResult.separability``. The random draws of a row are keyed by its
-    ``(seq, layer, head, query_pos)`` (:func:`tl_geometry.rankings.row_keys`), so they do not depend
+    ``(seq, layer, head, query_pos)`` (:func:`tl_geometry.core.rankings.row_keys`), so they do not depend
     on the batch or on resuming.
 
     Parameters
@@ -216,7 +223,7 @@ class SeparabilityObserver(RowMetricsObserver):
         """Add the rows of one layer of one forward pass, one block per ranking.
 
         Many query positions (at least :data:`MIN_QUERIES_FOR_BLOCKS`) are computed together by
-        :func:`tl_geometry.query_engine.separability_queries`; the rows are the same, in the same
+        :func:`tl_geometry.core.query_engine.separability_queries`; the rows are the same, in the same
         order (per query position: per ranking, sequence, head and ``N``).
         """
         if len(batch.query_positions) >= MIN_QUERIES_FOR_BLOCKS:
@@ -236,7 +243,7 @@ class SeparabilityObserver(RowMetricsObserver):
                 self.chunks.append(self._finish(head_rows_table(batch, q, res.ns, self.kv_head_of, metrics), res))
 
     def _observe_queries(self, batch: LayerBatch) -> None:
-        """Every query position of ``batch`` at once (:func:`~tl_geometry.query_engine.separability_queries`)."""
+        """Every query position of ``batch`` at once (:func:`~tl_geometry.core.query_engine.separability_queries`)."""
         heads = torch.arange(batch.weights.shape[1])
         positions = torch.tensor(batch.query_positions, dtype=torch.int64)
         keys = row_keys(seq=batch.seq_ids.cpu()[:, None, None], layer=batch.layer, head=heads[None, :, None],

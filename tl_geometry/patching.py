@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from jaxtyping import Int
 from torch import Tensor
 
-from tl_geometry._typing import typechecked
 from tl_geometry.capture import model_device
+from tl_geometry.core.checks import typechecked
 from tl_geometry.errors import InputError
 from tl_geometry.models import describe_model
 

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 
 from tl_geometry.capture import resolve_query_positions
+from tl_geometry.core.rankings import DEFAULT_N_RANDOM, check_distance, check_n_random, check_rankings, check_seed
+from tl_geometry.core.sizes import resolve_ns
 from tl_geometry.errors import InputError
-from tl_geometry.rankings import DEFAULT_N_RANDOM, check_distance, check_n_random, check_rankings, check_seed
-from tl_geometry.selection import resolve_ns
 from tl_geometry.theory.bounds import SimilarityModel, resolve_rho
 
 #: Precisions the separability computation runs in (the model itself may run in any dtype).

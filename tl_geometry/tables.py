@@ -85,7 +85,7 @@ def query_rows_table(
 
     The rows are those :func:`head_rows_table` gives for each query position in turn (ordered by
     query, then sequence, head and ``n``); ``ns`` and ``valid`` (``[query, n]``) say which sizes
-    each query has (:class:`tl_geometry.query_engine.QueryRows`).
+    each query has (:class:`tl_geometry.core.query_engine.QueryRows`).
 
     Examples
     --------

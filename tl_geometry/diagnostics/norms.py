@@ -24,8 +24,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from tl_geometry._moments import population_std
-from tl_geometry._typing import typechecked
+from tl_geometry.core.checks import typechecked
+from tl_geometry.core.numerics import population_std
 from tl_geometry.diagnostics._common import ACC_DTYPE, KeyedSums, check_same, empty_frame, median_last
 
 NORM_COLUMNS = [

@@ -16,7 +16,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from tl_geometry._typing import typechecked
+from tl_geometry.core.checks import typechecked
 from tl_geometry.diagnostics._common import ACC_DTYPE, as_state, check_same, empty_frame
 from tl_geometry.diagnostics.profile_fit import ProfileFitTensors, fit_profiles
 from tl_geometry.errors import InputError

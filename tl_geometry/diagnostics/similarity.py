@@ -29,8 +29,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from tl_geometry._moments import population_std
-from tl_geometry._typing import typechecked
+from tl_geometry.core.checks import typechecked
+from tl_geometry.core.numerics import population_std
 from tl_geometry.diagnostics._common import ACC_DTYPE, KeyedSums, check_same, empty_frame, unit
 from tl_geometry.diagnostics.decay_fit import fit_exponential_decay
 from tl_geometry.diagnostics.lag_cosines import lag_cosine_sums

@@ -24,12 +24,12 @@ import einops
 import torch
 from torch import Tensor
 
-from tl_geometry._typing import is_integer
 from tl_geometry.capture import _as_kv_values, model_device
+from tl_geometry.core.checks import is_integer
+from tl_geometry.core.rankings import check_rank_by, check_seed, ranking_scores, row_keys
 from tl_geometry.errors import InputError, ModelError
 from tl_geometry.intervention.restrict import restrict_pattern
 from tl_geometry.models import ModelInfo, describe_model, hook_pattern_name, hook_v_name
-from tl_geometry.rankings import check_rank_by, check_seed, ranking_scores, row_keys
 
 HOOK_Z = "blocks.{layer}.attn.hook_z"
 

@@ -27,11 +27,11 @@ import torch
 from tqdm.auto import tqdm
 
 from tl_geometry.analysis import _as_corpus, corpus_tokens
+from tl_geometry.core.rankings import check_rank_by, check_seed
 from tl_geometry.errors import InputError
 from tl_geometry.intervention.context import check_n, resolve_units, top_n_attention
 from tl_geometry.intervention.loss import check_windows, corpus_nll
 from tl_geometry.models import describe_model
-from tl_geometry.rankings import check_rank_by, check_seed
 
 UNITS = ("layer", "head")
 LOCAL_COLUMNS = ["unit", "layer", "head", "rank_by", "renormalize", "n", "nll", "nll_full", "delta_nll_rel", "n_tokens"]

@@ -1,7 +1,7 @@
 """Restricting attention rows to their top-``N`` keys (definitions §8), as pure tensor functions.
 
 For one layer's pattern ``alpha[b, h, q, k]`` (causal: keys ``k <= q``) and a score per key under a
-ranking (:mod:`tl_geometry.rankings`, definitions §7), every query row with more than ``N``
+ranking (:mod:`tl_geometry.core.rankings`, definitions §7), every query row with more than ``N``
 visible keys keeps only the keys of ``I_N`` (the ``N`` highest scores, ties to the lower key index):
 
 * deletion (``renormalize=False``): ``alpha'_i = alpha_i`` for ``i in I_N``, ``0`` otherwise;
@@ -25,8 +25,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from tl_geometry._typing import typechecked
-from tl_geometry.rankings import top_n_cut, top_n_mask
+from tl_geometry.core.checks import typechecked
+from tl_geometry.core.rankings import top_n_cut, top_n_mask
 
 
 @typechecked

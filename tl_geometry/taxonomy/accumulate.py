@@ -18,8 +18,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from tl_geometry._moments import population_std
-from tl_geometry._typing import ACC_DTYPE
+from tl_geometry.core.numerics import ACC_DTYPE, population_std
 from tl_geometry.errors import InputError
 from tl_geometry.tables import HEAD_KEY_COLUMNS, empty_frame
 from tl_geometry.taxonomy.features import CURVE_FEATURES, SCALAR_FEATURES

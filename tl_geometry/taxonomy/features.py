@@ -26,10 +26,10 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_geometry._typing import typechecked
-from tl_geometry.rankings import selection_order
-from tl_geometry.selection import NsLike, resolve_ns
-from tl_geometry.separability import check_row_inputs
+from tl_geometry.core.checks import typechecked
+from tl_geometry.core.rankings import selection_order
+from tl_geometry.core.separability import check_row_inputs
+from tl_geometry.core.sizes import NsLike, resolve_ns
 
 #: Per-row scalar features (one value per row).
 SCALAR_FEATURES = ("c_sink", "c_last", "c_rest", "rho_0")
@@ -107,7 +107,7 @@ def regime_features(
     values : Tensor of shape [*batch, K, d]
         Value vectors of the same keys, already mapped to the query head's key/value head.
     ns : None, "all", "log", sequence of int or 1-D int tensor, default None
-        Selection sizes (see :func:`tl_geometry.selection.resolve_ns`); None is every ``N``.
+        Selection sizes (see :func:`tl_geometry.core.sizes.resolve_ns`); None is every ``N``.
     dtype : torch.dtype, default torch.float64
         Precision of the computation.
 

@@ -15,10 +15,10 @@ import pandas as pd
 import torch
 
 from tl_geometry.capture import LayerBatch, values_per_head
+from tl_geometry.core.separability import check_row_inputs
+from tl_geometry.core.sizes import NsLike, resolve_ns
 from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo
-from tl_geometry.selection import NsLike, resolve_ns
-from tl_geometry.separability import check_row_inputs
 from tl_geometry.taxonomy.accumulate import FeatureAccumulator
 from tl_geometry.taxonomy.features import row_features, sink_similarity
 

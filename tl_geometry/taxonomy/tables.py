@@ -9,9 +9,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from tl_geometry._typing import typechecked
-from tl_geometry.selection import NsLike, resolve_ns
-from tl_geometry.separability import check_row_inputs
+from tl_geometry.core.checks import typechecked
+from tl_geometry.core.separability import check_row_inputs
+from tl_geometry.core.sizes import NsLike, resolve_ns
 from tl_geometry.taxonomy.accumulate import FeatureAccumulator
 from tl_geometry.taxonomy.features import sink_similarity
 from tl_geometry.taxonomy.observer import accumulate_rows

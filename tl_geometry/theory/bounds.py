@@ -1,7 +1,7 @@
 """Theoretical envelopes of Precision and Recall: Theorems 1-2 and Corollary 1 (definitions §4).
 
 For one attention row (weights ``alpha``, values ``v``, ``K`` keys, head dimension ``d``) and a
-selection size ``N`` with top-N set ``I_N`` (stable order, :mod:`tl_geometry.selection`):
+selection size ``N`` with top-N set ``I_N`` (stable order, :mod:`tl_geometry.core.sizes`):
 
 * ``a_i = alpha_i ||v_i||``; ``rho_jk = cos(v_j, v_k)`` (measured) or the assumption model
   (:class:`SimilarityModel`); the sink is *key index* 0, wherever it ranks;
@@ -71,11 +71,11 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from tl_geometry._typing import typechecked
+from tl_geometry.core.checks import typechecked
+from tl_geometry.core.rankings import selection_order
+from tl_geometry.core.separability import check_row_inputs
+from tl_geometry.core.sizes import NsLike, resolve_ns
 from tl_geometry.errors import InputError
-from tl_geometry.rankings import selection_order
-from tl_geometry.selection import NsLike, resolve_ns
-from tl_geometry.separability import check_row_inputs
 from tl_geometry.theory.boundary_cosines import bucket_max_matrix, bucket_max_measured, rho_out_from_buckets
 
 #: Working-set size of one block of ``[rows, sizes, keys]`` tensors (a tuning knob only).
@@ -226,7 +226,7 @@ def bounds(
     values : Tensor of shape [*batch, K, d]
         Value vectors of the same keys; ``d = values.shape[-1]`` is the theory's dimension.
     ns : None, "all", "log", sequence of int or 1-D int tensor, default None
-        Selection sizes ``N`` (see :func:`tl_geometry.selection.resolve_ns`); None = every N.
+        Selection sizes ``N`` (see :func:`tl_geometry.core.sizes.resolve_ns`); None = every N.
     kappa : float, default 0.5
         The paper's universal concentration constant ``kappa > 0`` (definitions §4).
     rho : "measured", SimilarityModel or ("model", beta, rho_0), default "measured"

@@ -15,10 +15,10 @@ from typing import Sequence
 import pandas as pd
 import torch
 
+from tl_geometry.core.sizes import NsLike
 from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo
 from tl_geometry.observers import RowMetricsObserver
-from tl_geometry.selection import NsLike
 from tl_geometry.tables import KEY_COLUMNS, REFERENCE_RANKING, attention_rows
 from tl_geometry.theory.bounds import BOUND_FIELDS, F_BOUND_FIELDS, RhoLike, bounds, resolve_rho
 

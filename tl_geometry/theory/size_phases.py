@@ -44,9 +44,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_geometry.core.rankings import selection_order
+from tl_geometry.core.sizes import NsLike, resolve_ns
 from tl_geometry.errors import InputError
-from tl_geometry.rankings import selection_order
-from tl_geometry.selection import NsLike, resolve_ns
 
 #: Segments of the profile a key can fall in.
 SEGMENTS = ("sink", "plateau", "peak", "valley", "tail")
@@ -193,7 +193,7 @@ def size_phases(profile: PiecewiseProfile, ns: NsLike = None) -> pd.DataFrame:
     ----------
     profile : PiecewiseProfile
         The fitted profile (use :meth:`PiecewiseProfile.from_params` on a fit result).
-    ns : selection sizes (see :func:`tl_geometry.selection.resolve_ns`), default every ``N``.
+    ns : selection sizes (see :func:`tl_geometry.core.sizes.resolve_ns`), default every ``N``.
 
     Returns
     -------

@@ -3,7 +3,7 @@
 For one attention row with weights ``alpha`` (K keys) and values ``v`` (K x d):
 
 * contributions ``y_i = alpha_i v_i``; ``I_N`` = the N largest weights (stable, see
-  :mod:`tl_geometry.selection`); representative ``s(N) = sum_{i in I_N} y_i``;
+  :mod:`tl_geometry.core.sizes`); representative ``s(N) = sum_{i in I_N} y_i``;
 * distances ``D_i(N) = ||y_i - s(N)||``; ``r_max(N) = max_{i in I_N} D_i``;
   ``r_min(N) = min_{j not in I_N} D_j`` (``+inf`` when ``N = K``); balls are closed;
 * ``precision(N) = P(r_max, N) = N / (N + K_out)``, ``K_out = #{j not in I_N: D_j <= r_max}``;
@@ -17,7 +17,7 @@ common to all keys, so keys are screened with ``E_i(N) = ||y_i||^2 - 2 <y_i, s(N
 (``= D_i^2 - ||s||^2``), one float32 matrix product per block of rows and sizes, with a rounding
 bound per key; every key the screen cannot call is decided by its direct float64 distance, and the
 radii are direct float64 distances ``||y_{i*} - s(N)||``. So the counts are those of float64
-distances (:mod:`tl_geometry.screening`).
+distances (:mod:`tl_geometry.core.screening`).
 """
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from tl_geometry._typing import typechecked
-from tl_geometry.errors import InputError
-from tl_geometry.rankings import (
+from tl_geometry.core.checks import typechecked
+from tl_geometry.core.rankings import (
     COSINE_EPS,
     DEFAULT_N_RANDOM,
     check_distance,
@@ -44,8 +43,9 @@ from tl_geometry.rankings import (
     selection_order,
     uniform_scores,
 )
-from tl_geometry.screening import balanced_block, decide
-from tl_geometry.selection import NsLike, resolve_ns, sort_by_weight
+from tl_geometry.core.screening import balanced_block, decide
+from tl_geometry.core.sizes import NsLike, resolve_ns, sort_by_weight
+from tl_geometry.errors import InputError
 
 #: Size in bytes of one block of the screen (rows x draws x sizes x keys, float32). About 8 MiB
 #: balances the matrix product and the per-block Python work (fewer, bigger blocks) against the
@@ -130,7 +130,7 @@ def _check_row_keys(row_keys: Tensor | None, batch: tuple[int, ...]) -> None:
     if row_keys is None:
         return
     if not isinstance(row_keys, Tensor) or row_keys.is_floating_point() or row_keys.dtype == torch.bool:
-        raise InputError("row_keys must be an integer tensor, one key per row (see tl_geometry.rankings.row_keys)")
+        raise InputError("row_keys must be an integer tensor, one key per row (see tl_geometry.core.rankings.row_keys)")
     if tuple(row_keys.shape) != tuple(batch):
         raise InputError(
             f"row_keys of shape {tuple(row_keys.shape)} do not match the rows {tuple(batch)}: give one key per row"
@@ -163,9 +163,9 @@ def separability(
         head (definitions §1).
     ns : None, "all", "log", sequence of int or 1-D int tensor, default None
         Selection sizes ``N``; ``None`` means every ``N`` from 1 to ``K``. See
-        :func:`tl_geometry.selection.resolve_ns`.
+        :func:`tl_geometry.core.sizes.resolve_ns`.
     rank_by : "attention", "contribution", "random" or "sink_window", default "attention"
-        The order that defines ``I_N`` (:mod:`tl_geometry.rankings`). ``"random"`` is the control:
+        The order that defines ``I_N`` (:mod:`tl_geometry.core.rankings`). ``"random"`` is the control:
         ``n_random`` uniform permutations per row, nested sets within each, each set measured
         around its own ``s(N)``, every metric averaged over the draws.
     distance : "euclidean" or "cosine", default "euclidean"
@@ -175,7 +175,7 @@ def separability(
     seed : int, default 0
         Seed of the random draws.
     row_keys : int tensor [*batch], optional
-        One key per row (:func:`tl_geometry.rankings.row_keys`) so that a row's draws do not depend
+        One key per row (:func:`tl_geometry.core.rankings.row_keys`) so that a row's draws do not depend
         on its batch; default: the row's index in the flattened batch.
     dtype : torch.dtype, default torch.float64
         Precision of the decisions: every count and radius is that of float64 distances whatever
@@ -286,7 +286,7 @@ def _separability_rows(
 
     Each (row, draw) is put in its selection order once (contributions and weights gathered by
     the order), its centres ``s(N)`` are a running sum along it, and
-    :func:`tl_geometry.screening.decide` gives the counts and radii of every size with float32
+    :func:`tl_geometry.core.screening.decide` gives the counts and radii of every size with float32
     matrix products shared by all sizes of a block and exact float64 decisions.
     """
     n_rows, n_draws, n_keys = order.shape

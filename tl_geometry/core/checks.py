@@ -12,15 +12,10 @@ import numbers
 from typing import Any, Callable, TypeVar
 
 import numpy as np
-import torch
 from beartype import beartype
 from jaxtyping import jaxtyped
 
 F = TypeVar("F", bound=Callable)
-
-#: Every accumulator of the package (diagnostics, taxonomy) sums in this dtype, whatever the
-#: dtype of the activations.
-ACC_DTYPE = torch.float64
 
 
 def typechecked(fn: F) -> F:

@@ -1,6 +1,6 @@
 """Exact top-N counts and radii from a float32 screen (definitions §2, §7).
 
-The separability engine (:func:`tl_geometry.separability`) needs, for every row, draw and size
+The separability engine (:func:`tl_geometry.core.separability`) needs, for every row, draw and size
 ``N``, the radii ``r_max = max_{i in I_N} D_i`` and ``r_min = min_{j not in I_N} D_j`` and the counts
 ``K_out = #{j not in I_N: D_j <= r_max}``, ``K_in = #{i in I_N: D_i <= r_min}``, where ``D_i`` is
 the float64 distance ``||y_i - s(N)||`` (or the cosine distance) computed directly, as the loop

@@ -16,9 +16,9 @@ from einops import repeat
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from tl_geometry._typing import typechecked
+from tl_geometry.core.checks import typechecked
+from tl_geometry.core.rankings import selection_order
 from tl_geometry.errors import InputError
-from tl_geometry.rankings import selection_order
 
 #: What ``ns`` may be: None / "all" (every N), "log", a sequence of ints, a 1-D int array or tensor.
 #: Checked by :func:`resolve_ns` (with messages that say what to do), not by the type checker.

@@ -14,6 +14,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+#: Every accumulator of the package (diagnostics, taxonomy) sums in this dtype, whatever the
+#: dtype of the activations.
+ACC_DTYPE = torch.float64
+
 #: Relative resolution of ``E[x^2] - E[x]^2`` in float64 (see the module docstring).
 RESOLUTION = 1024 * torch.finfo(torch.float64).eps
 

@@ -16,7 +16,7 @@ ties to the lower key index (a stable sort, as in definitions §2). Four ranking
   visible keys a uniform permutation.
 
 Scores are returned in float64; :func:`selection_order` turns them into the selection order and
-:func:`top_n_mask` into the set ``I_N``. The engine (:func:`tl_geometry.separability`) and the
+:func:`top_n_mask` into the set ``I_N``. The engine (:func:`tl_geometry.core.separability`) and the
 intervention use these same functions.
 
 Examples
@@ -49,7 +49,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_geometry._typing import typechecked
+from tl_geometry.core.checks import typechecked
 from tl_geometry.errors import InputError
 
 #: Every ranking ``rank_by`` may name (definitions §7).

@@ -1,6 +1,6 @@
 """Separability of many query rows of one layer at once (definitions §2 and §7): the query engine.
 
-:func:`tl_geometry.separability` takes rows of one length. Every query position of a window means
+:func:`tl_geometry.core.separability` takes rows of one length. Every query position of a window means
 rows of every length (query ``q`` sees the keys ``0..q``), so the observer used to call it once
 per position: 512 calls per layer for a 512-token window. This engine takes every chosen query row
 of a layer, every head and every ranking draw in blocks of queries, and shares the work that does
@@ -18,7 +18,7 @@ not depend on the row:
   selection order of the real keys, ties included, is the one of the row alone, and ``N <= q + 1``
   never selects it) and the screening value ``+inf`` among the unselected keys (so no count, no
   ``r_min`` and no re-check ever sees it). Each query keeps its own grid of ``N``
-  (:func:`tl_geometry.selection.resolve_ns` with ``K = q + 1``), padded with ``N = K`` and dropped;
+  (:func:`tl_geometry.core.sizes.resolve_ns` with ``K = q + 1``), padded with ``N = K`` and dropped;
 * **no Python loop over query positions**: one block is a handful of tensor operations whatever the
   number of queries in it; ``block_cells`` bounds its memory.
 
@@ -67,9 +67,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_geometry._typing import typechecked
-from tl_geometry.errors import InputError
-from tl_geometry.rankings import (
+from tl_geometry.core.checks import typechecked
+from tl_geometry.core.rankings import (
     COSINE_EPS,
     DEFAULT_N_RANDOM,
     check_distance,
@@ -80,8 +79,9 @@ from tl_geometry.rankings import (
     selection_order,
     uniform_scores,
 )
-from tl_geometry.selection import NsLike, resolve_ns
-from tl_geometry.separability import check_row_inputs
+from tl_geometry.core.separability import check_row_inputs
+from tl_geometry.core.sizes import NsLike, resolve_ns
+from tl_geometry.errors import InputError
 
 #: Cells (rows x keys x (sizes + d_head)) of one block. About 2 M cells (16 MiB per float64 tensor
 #: of the block) balances the per-block overhead against the cache; see docs/scaling.md.
@@ -96,7 +96,7 @@ MAX_SCALE_GAP = 60
 #: ``v 2^-block_exp``), which is exact; beyond it from each row's own scaled values.
 MAX_FOLDED_GAP = 900
 
-#: The metrics of :class:`QueryRows`, in the order of :class:`tl_geometry.separability.Separability`.
+#: The metrics of :class:`QueryRows`, in the order of :class:`tl_geometry.core.separability.Separability`.
 METRICS = (
     "precision", "recall", "r_min", "r_max", "f_at_rmax", "f_at_rmin",
     "retained_mass", "local_error_del", "local_error_ren",
@@ -115,7 +115,7 @@ class QueryRows:
     valid : [query, n] bool
         Where ``ns`` holds a size (``ns > 0``).
     precision, recall, r_min, r_max, f_at_rmax, f_at_rmin, retained_mass, local_error_del, local_error_ren :
-        [batch, head, query, n] float64, as in :class:`tl_geometry.separability.Separability`
+        [batch, head, query, n] float64, as in :class:`tl_geometry.core.separability.Separability`
         (NaN where ``valid`` is false). With ``rank_by="random"`` each is the mean over the
         ``n_draws`` draws of the row.
     rank_by, distance, n_draws : the ranking, the distance and the draws averaged per row.
@@ -158,7 +158,7 @@ def separability_queries(
 
     Row ``(b, h, j)`` is the attention row of query ``q = query_positions[j]``: weights
     ``weights[b, h, j, :q + 1]`` over the values ``values[b, :q + 1, kv_head_of[h]]``. Its metrics are
-    those :func:`tl_geometry.separability` gives for that row alone (same counts, radii to rounding),
+    those :func:`tl_geometry.core.separability` gives for that row alone (same counts, radii to rounding),
     for its own grid ``resolve_ns(ns, q + 1)``.
 
     Parameters
@@ -171,9 +171,9 @@ def separability_queries(
         ``q`` of each query row, ``0 <= q < key``.
     kv_head_of : [head] int64
         The key/value head of each query head (definitions §1).
-    ns, rank_by, distance, n_random, seed, dtype : as for :func:`tl_geometry.separability`.
+    ns, rank_by, distance, n_random, seed, dtype : as for :func:`tl_geometry.core.separability`.
     row_keys : [batch, head, query] int64, optional
-        Keys of the rows for ``rank_by="random"`` (:func:`tl_geometry.rankings.row_keys`).
+        Keys of the rows for ``rank_by="random"`` (:func:`tl_geometry.core.rankings.row_keys`).
     block_cells : int
         Working-set size of one block (rows x keys x (sizes + d)); a tuning knob only.
 
@@ -395,7 +395,7 @@ class _BlockRows:
         w = problem.weights[:, :, block, :n_keys]  # [b, h, Qb, K]
         w = einops.rearrange(w, "b (g j) q k -> (b g) j q k", g=n_kv)
         v = einops.rearrange(problem.values[:, :n_keys], "b k g d -> (b g) k d")
-        # the per-row scaling of tl_geometry.separability: keys 0..q of each row
+        # the per-row scaling of tl_geometry.core.separability: keys 0..q of each row
         log_keys = torch.tensor([math.ceil(math.log2(k + 1)) for k in q.tolist()], device=w.device)
         weight_exp = torch.frexp(w.amax(dim=-1)).exponent + log_keys
         running = torch.cummax(v.abs().amax(dim=-1), dim=-1).values  # [P, K]: max |v| over keys 0..k
@@ -479,7 +479,7 @@ class _BlockRows:
 @dataclass
 class _Screen:
     """Counts and radii of one block, screened in ``dtype`` from one value product per group and
-    decided in float64 (the scheme of ``tl_geometry.separability``; see the module docstring).
+    decided in float64 (the scheme of ``tl_geometry.core.separability``; see the module docstring).
 
     ``e[p, i, e, g]`` is ``E_i`` (Euclidean, ``D_i^2 - ||s||^2``) or the cosine distance of key
     ``i`` for engine row ``e`` and size ``g``; its error and that of the direct float64 distance
