@@ -56,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     import tl_geometry as tlg
-    from tl_geometry import observers
+    from tl_geometry.capture import observers
 
     model = tlg.load_model("smollm2-135m")
     tokens = tlg.corpus_tokens(model, tlg.corpus.python_docs(n_seqs=args.n_seqs, seq_len=args.seq_len))

@@ -95,7 +95,7 @@ def ratios(model, n_seqs: int, seq_len: int) -> None:
 def engine_vs_reference(model, seq_len: int, n_random: int) -> None:
     from reference import METRICS, mix, row_metrics
 
-    from tl_geometry.capture import values_per_head
+    from tl_geometry.capture.hooks import values_per_head
     from tl_geometry.models import hook_pattern_name, hook_v_name
 
     info = tlg.describe_model(model)

@@ -77,7 +77,7 @@ def engine_vs_reference(model, seq_len: int) -> None:
     from reference import row_separability
 
     import tl_geometry as tlg
-    from tl_geometry.capture import values_per_head
+    from tl_geometry.capture.hooks import values_per_head
     from tl_geometry.models import hook_pattern_name, hook_v_name
 
     info = tlg.describe_model(model)

@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 import tl_geometry as tlg
-from tl_geometry.capture import run_streaming
+from tl_geometry.capture.hooks import run_streaming
 from tl_geometry.theory.observer import BoundsObserver, envelopes, join_bounds
 
 

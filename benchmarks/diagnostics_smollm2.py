@@ -1,7 +1,7 @@
 """Assumption diagnostics (definitions §3; paper Figures 2-4) of SmolLM2-135M on the embedded corpus.
 
 Streams :class:`tl_geometry.diagnostics.DiagnosticsObserver` through
-:func:`tl_geometry.capture.run_streaming` over ``python_docs(n_seqs, seq_len)`` (query = the
+:func:`tl_geometry.capture.hooks.run_streaming` over ``python_docs(n_seqs, seq_len)`` (query = the
 last position), then prints the distribution over (layer, kv_head) pairs of ``sink_ratio``,
 ``norm_cv``, ``beta``, ``mae``, ``share_negative``, ``rho_0`` (the exponential refitted on
 ``k = 1..k_fit`` for several ``k_fit`` from one ``c(k)`` curve), and over (layer, head) pairs of
@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 import tl_geometry as tlg
-from tl_geometry.capture import run_streaming
+from tl_geometry.capture.hooks import run_streaming
 from tl_geometry.diagnostics import DiagnosticsObserver
 
 QUANTILES = [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0]

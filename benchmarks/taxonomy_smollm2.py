@@ -1,7 +1,7 @@
 """Sink effect and head taxonomy (definitions §5) on SmolLM2-135M (docs/taxonomy.md).
 
 One streaming pass over ``python_docs(n_seqs, seq_len)`` (last query position, ``ns="log"``) feeds
-a :class:`~tl_geometry.observers.SeparabilityObserver` and a
+a :class:`~tl_geometry.capture.observers.SeparabilityObserver` and a
 :class:`~tl_geometry.taxonomy.TaxonomyObserver` that keeps the two halves of the windows apart
 (``parts=halves(n_seqs)``). Prints, for both rule modes (strict and nearest), the regime counts by
 layer (Figure 8) and how many labels change between the two halves; the sink-effect curve
@@ -28,8 +28,8 @@ import torch
 
 import tl_geometry as tlg
 import tl_geometry.taxonomy as tx
-from tl_geometry.capture import run_streaming
-from tl_geometry.observers import SeparabilityObserver
+from tl_geometry.capture.hooks import run_streaming
+from tl_geometry.capture.observers import SeparabilityObserver
 
 
 def main() -> None:

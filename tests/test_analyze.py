@@ -8,7 +8,7 @@ import torch
 from conftest import build, model_kinds
 
 import tl_geometry as tlg
-from tl_geometry.capture import values_per_head
+from tl_geometry.capture.hooks import values_per_head
 from tl_geometry.models import hook_pattern_name, hook_v_name
 
 TEXT = ["The quick brown fox jumps over the lazy dog. " * 12, "Attention is a weighting of values. " * 10]
@@ -124,7 +124,7 @@ def test_interrupted_run_resumes_without_loss(llama_bridge, tmp_path, monkeypatc
 
 
 def test_diagnostics_tables_match_the_observer_run_by_hand(llama_bridge) -> None:
-    from tl_geometry.capture import run_streaming
+    from tl_geometry.capture.hooks import run_streaming
 
     corpus = tlg.corpus.from_texts(TEXT, n_seqs=3, seq_len=24)
     result = tlg.analyze(llama_bridge, corpus, diagnostics=True, k_max=5, progress=False)

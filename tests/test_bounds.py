@@ -22,7 +22,7 @@ from jaxtyping import TypeCheckError
 from reference import top_n
 
 import tl_geometry
-from tl_geometry.capture import LayerBatch
+from tl_geometry.capture.hooks import LayerBatch
 from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo
 from tl_geometry.theory.bounds import XI_STAR, Bounds, SimilarityModel, bounds, p_of_xi
@@ -527,7 +527,7 @@ def _fake_batch():
 
 
 def test_observer_table_matches_bounds_and_joins_separability():
-    from tl_geometry.observers import SeparabilityObserver
+    from tl_geometry.capture.observers import SeparabilityObserver
 
     info, batch = _fake_batch()
     obs = BoundsObserver(info, ns="log", kappa=0.5)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from jaxtyping import TypeCheckError
 
 import tl_geometry.diagnostics as D
-from tl_geometry.capture import LayerBatch
+from tl_geometry.capture.hooks import LayerBatch
 from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo
 

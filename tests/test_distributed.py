@@ -33,7 +33,7 @@ PER_WINDOW = {"separability", "head_effects"}
 DIE_HOOK = """
 import os
 if os.environ.get("TLG_TEST_DIE_RANK") == os.environ.get("RANK"):
-    import tl_geometry.store as _store
+    import tl_geometry.io.store as _store
     _write = _store.RunStore.write
     _count = [0]
     def write(self, *args, **kwargs):

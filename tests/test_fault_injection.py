@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 import tl_geometry as tlg
-import tl_geometry.store as store
+import tl_geometry.io.store as store
 
 TEXT = ["The quick brown fox jumps over the lazy dog. " * 12, "Attention is a weighting of values. " * 10]
 SETTINGS = dict(batch_size=2, diagnostics=True, k_max=4, bounds=True, progress=False)
@@ -30,7 +30,7 @@ import json, os, signal, sys
 repo, kill_at, mode, out, settings = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], json.loads(sys.argv[5])
 sys.path[:0] = [repo, os.path.join(repo, "tests")]
 import tl_geometry as tlg
-import tl_geometry.store as store
+import tl_geometry.io.store as store
 from conftest import tiny_llama_bridge
 from test_fault_injection import TEXT, failing_writer
 

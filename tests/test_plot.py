@@ -22,7 +22,7 @@ from conftest import tiny_llama_bridge
 import tl_geometry as tlg
 import tl_geometry.plot as tlp
 import tl_geometry.taxonomy as tx
-from tl_geometry.capture import run_streaming
+from tl_geometry.capture.hooks import run_streaming
 from tl_geometry.errors import InputError
 from tl_geometry.models import hook_pattern_name, hook_v_name
 

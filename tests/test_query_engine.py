@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from reference import row_metrics
 
 import tl_geometry as tlg
-from tl_geometry import observers
+from tl_geometry.capture import observers
 from tl_geometry.core.query_engine import separability_queries
 from tl_geometry.core.rankings import row_keys
 from tl_geometry.core.sizes import resolve_ns
@@ -269,7 +269,7 @@ def test_analyze_all_queries_equals_one_position_at_a_time(per_row_and_blocks) -
 
 def test_observer_rows_in_the_per_position_order() -> None:
     """Taken straight from the observer (no sorting by analyze): per query, per ranking, seq, head, N."""
-    from tl_geometry.capture import LayerBatch
+    from tl_geometry.capture.hooks import LayerBatch
     from tl_geometry.models import ModelInfo
 
     info = ModelInfo("toy", "TransformerBridge", 1, 4, 2, 5, 16, 0, True)

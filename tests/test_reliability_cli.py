@@ -189,6 +189,7 @@ def test_a_run_that_fails_in_its_first_batch_leaves_nothing_that_blocks_the_fix(
     tmp_path, capsys, tiny_cli, monkeypatch
 ):
     import tl_geometry.analysis as analysis
+    from tl_geometry.capture.hooks import run_streaming
 
     def broken(*args, **kwargs):
         raise tlg.InputError("something about this batch is wrong")
@@ -197,7 +198,7 @@ def test_a_run_that_fails_in_its_first_batch_leaves_nothing_that_blocks_the_fix(
     args = ["run", "--out", str(tmp_path / "run"), *SMALL]
     code, _, err = run(args, capsys)
     assert code == 2 and "this batch is wrong" in one_error_line(err)
-    monkeypatch.setattr(analysis, "run_streaming", tlg.capture.run_streaming)
+    monkeypatch.setattr(analysis, "run_streaming", run_streaming)
     code, _, err = run(args, capsys)  # the same command, neither --resume nor --force
     assert code == 0, err
 

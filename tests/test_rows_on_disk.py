@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 
 import tl_geometry as tlg
-from tl_geometry.rows_on_disk import RowsOnDisk, merge_parts
+from tl_geometry.io.rows_on_disk import RowsOnDisk, merge_parts
 
 KEY = ["seq", "layer", "rank_by", "n"]
 

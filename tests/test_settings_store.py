@@ -13,12 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tl_geometry as tlg
-from tl_geometry._files import write_atomic
-from tl_geometry.capture import LayerBatch
+from tl_geometry.capture.hooks import LayerBatch
+from tl_geometry.capture.observers import Observer, RowObserver, SeparabilityObserver
+from tl_geometry.io.files import write_atomic
+from tl_geometry.io.store import RunStore, StoreError, model_fingerprint, tokens_sha256
 from tl_geometry.models import ModelInfo
-from tl_geometry.observers import Observer, RowObserver, SeparabilityObserver
 from tl_geometry.settings import AnalysisSettings
-from tl_geometry.store import RunStore, StoreError, model_fingerprint, tokens_sha256
 from tl_geometry.theory import SimilarityModel
 
 INFO = ModelInfo("toy", "TransformerBridge", 2, 4, 2, 3, 64, 0, True)

@@ -17,7 +17,7 @@ from jaxtyping import TypeCheckError
 
 import tl_geometry as tlg
 import tl_geometry.taxonomy as tx
-from tl_geometry.capture import LayerBatch, run_streaming
+from tl_geometry.capture.hooks import LayerBatch, run_streaming
 from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo, hook_pattern_name, hook_v_name
 

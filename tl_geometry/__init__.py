@@ -13,6 +13,7 @@ from importlib import metadata as _metadata
 
 from tl_geometry import corpus, diagnostics, intervention, patching, plot, report, taxonomy, theory, vis
 from tl_geometry.analysis import AnalysisResult, analyze, corpus_tokens, load_result
+from tl_geometry.capture.observers import Observer, RowObserver, SeparabilityObserver
 from tl_geometry.core.separability import (
     PrecisionRecallAtRadius,
     Separability,
@@ -40,7 +41,6 @@ from tl_geometry.intervention import (
     top_n_attention,
 )
 from tl_geometry.models import DEFAULT_MODEL, ModelInfo, describe_model, kv_head_index, load_model
-from tl_geometry.observers import Observer, RowObserver, SeparabilityObserver
 from tl_geometry.settings import AnalysisSettings
 from tl_geometry.taxonomy import (
     ClassificationStability,

@@ -2,7 +2,7 @@
 
 The result is an :class:`AnalysisResult` whose tables are tidy pandas DataFrames (definitions §6). With
 ``out_dir`` the per-batch results are written to disk as they are produced
-(:class:`~tl_geometry.store.RunStore`) and a later call with the same model, windows and settings
+(:class:`~tl_geometry.io.store.RunStore`) and a later call with the same model, windows and settings
 resumes where an interrupted one stopped.
 
 ``analyze`` is four short steps: the settings are checked on their own
@@ -27,18 +27,24 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from tl_geometry._files import write_atomic, write_json_atomic
-from tl_geometry.capture import model_device, run_streaming
+from tl_geometry.capture.hooks import model_device, run_streaming
+from tl_geometry.capture.observers import (
+    LOCAL_ERROR_METRICS,
+    SEPARABILITY_METRICS,
+    Observer,
+    RowObserver,
+    SeparabilityObserver,
+)
+from tl_geometry.capture.tables import KEY_COLUMNS, REFERENCE_RANKING, attention_rows, empty_table
 from tl_geometry.core.sizes import NsLike
 from tl_geometry.corpus import Corpus, TokenCorpus, from_texts, from_tokens
 from tl_geometry.diagnostics import DiagnosticsObserver
 from tl_geometry.errors import InputError
+from tl_geometry.io.files import write_atomic, write_json_atomic
+from tl_geometry.io.rows_on_disk import RowsOnDisk
+from tl_geometry.io.store import RunStore, run_identity
 from tl_geometry.models import ModelInfo, describe_model, load_model
-from tl_geometry.observers import LOCAL_ERROR_METRICS, SEPARABILITY_METRICS, Observer, RowObserver, SeparabilityObserver
-from tl_geometry.rows_on_disk import RowsOnDisk
 from tl_geometry.settings import AnalysisSettings
-from tl_geometry.store import RunStore, run_identity
-from tl_geometry.tables import KEY_COLUMNS, REFERENCE_RANKING, attention_rows, empty_table
 from tl_geometry.taxonomy import TaxonomyObserver, classify_heads, rho0_table, sink_effect
 from tl_geometry.theory.bounds import RhoLike
 from tl_geometry.theory.observer import BoundsObserver, envelopes
@@ -416,8 +422,8 @@ class AnalysisPlan:
         }
 
     def identity(self) -> dict[str, Any]:
-        """What a saved run must share to be resumed (see :func:`tl_geometry.store.run_identity`)."""
-        return run_identity(self.model, self.info, self.tokens, self.settings)
+        """What a saved run must share to be resumed (see :func:`tl_geometry.io.store.run_identity`)."""
+        return run_identity(self.model, self.info, self.tokens, self.settings.identity())
 
 
 def plan_analysis(model: Any, corpus: Any, settings: AnalysisSettings) -> AnalysisPlan:

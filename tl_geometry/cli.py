@@ -29,9 +29,9 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from tl_geometry._files import write_json_atomic
 from tl_geometry.distributed import World, check_shards, has_progress
 from tl_geometry.errors import TLGeometryError
+from tl_geometry.io.files import write_json_atomic
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -311,9 +311,9 @@ def _run_command(args, settings, device, out: Path, corpus, world: World | None)
 
     import tl_geometry as tlg
     from tl_geometry.analysis import plan_analysis, run_analysis
-    from tl_geometry.environment import installed_versions
+    from tl_geometry.io.environment import installed_versions
+    from tl_geometry.io.store import StoreError
     from tl_geometry.report import EFFECTS_FILE, build_report
-    from tl_geometry.store import StoreError
     from tl_geometry.vis import head_grid_html
 
     t0 = time.perf_counter()

@@ -119,8 +119,8 @@ def _sparsify(args: argparse.Namespace, options: dict, out: Path, world: Any) ->
 
     corpus = _corpus(args)
     import tl_geometry as tlg
+    from tl_geometry.io.store import StoreError
     from tl_geometry.report.sparsification import write_sparsify_report
-    from tl_geometry.store import StoreError
 
     main_process = world is None or world.is_main
     print(f"loading {args.model} ...", file=sys.stderr)

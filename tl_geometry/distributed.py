@@ -184,8 +184,8 @@ def run_sharded(plan: Any, progress: Path, world: World, *, show_progress: bool 
     import time
 
     from tl_geometry.analysis import _assemble, _run_batches, _Wiring
-    from tl_geometry.store import RunStore
-    from tl_geometry.tables import empty_table
+    from tl_geometry.capture.tables import empty_table
+    from tl_geometry.io.store import RunStore
 
     start = time.perf_counter()
     store = RunStore(world.shard_dir(progress), plan.identity(), resume=True)

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from jaxtyping import Int
 from torch import Tensor
 
-from tl_geometry.capture import model_device
+from tl_geometry.capture.hooks import model_device
+from tl_geometry.capture.tables import effect_frame
 from tl_geometry.core.checks import typechecked
 from tl_geometry.errors import InputError
 from tl_geometry.models import describe_model
@@ -91,21 +92,6 @@ def head_out(
         _, cache = model.run_with_cache(clean_tokens.to(device), names_filter=lambda name: name.endswith("hook_z"))
         effects = patching.get_act_patch_attn_head_out_all_pos(model, corrupted_tokens.to(device), cache, metric)
     return effect_frame(effects, "effect")
-
-
-def effect_frame(effects: Tensor, column: str) -> pd.DataFrame:
-    """A ``[n_layers, n_heads]`` tensor as the tidy frame ``layer, head, <column>``."""
-    if not isinstance(effects, Tensor) or effects.ndim != 2:
-        raise InputError(f"per-head effects must be a [n_layers, n_heads] tensor, got {type(effects).__name__}")
-    n_layers, n_heads = effects.shape
-    values = effects.detach().double().cpu()
-    return pd.DataFrame(
-        {
-            "layer": torch.arange(n_layers).repeat_interleave(n_heads).numpy(),
-            "head": torch.arange(n_heads).repeat(n_layers).numpy(),
-            column: values.reshape(-1).numpy(),
-        }
-    )
 
 
 def _loss(logits: Tensor, tokens: Tensor) -> float:

@@ -29,10 +29,11 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from tl_geometry.capture import resolve_query_positions
+from tl_geometry.capture.hooks import resolve_query_positions
 from tl_geometry.core.rankings import DEFAULT_N_RANDOM, check_distance, check_n_random, check_rankings, check_seed
 from tl_geometry.core.sizes import resolve_ns
 from tl_geometry.errors import InputError
+from tl_geometry.io.store import describe_differences
 from tl_geometry.theory.bounds import SimilarityModel, resolve_rho
 
 #: Precisions the separability computation runs in (the model itself may run in any dtype).
@@ -342,26 +343,4 @@ class AnalysisSettings:
         return layers, queries
 
 
-def describe_differences(mine: Mapping[str, Any], theirs: Mapping[str, Any], limit: int = 60) -> list[str]:
-    """``"key (mine vs theirs)"`` for every key whose values differ (values shortened to ``limit`` chars).
-
-    A key held by one side only (a setting that matters only when a switch is on) is named only
-    when no key held by both sides differs: it is then the difference, else a consequence of one.
-
-    Examples
-    --------
-    >>> describe_differences({"ns": "log", "bounds": True, "kappa": 0.5}, {"ns": "log", "bounds": False})
-    ['bounds (True vs False)']
-    """
-
-    def short(value: Any) -> str:
-        text = "unset" if value is None else str(value)
-        return text if len(text) <= limit else text[: limit - 3] + "..."
-
-    both = [k for k in mine if k in theirs and mine[k] != theirs[k]]
-    if not both:
-        both = [k for k in [*mine, *theirs] if (k in mine) != (k in theirs)]
-    return [f"{k} ({short(mine.get(k))} vs {short(theirs.get(k))})" for k in both]
-
-
-__all__ = ["AnalysisSettings", "DTYPES", "as_bool", "as_int", "describe_differences", "setting"]
+__all__ = ["AnalysisSettings", "DTYPES", "as_bool", "as_int", "setting"]

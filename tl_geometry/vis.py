@@ -37,7 +37,7 @@ from circuitsvis.attention import attention_heads
 from circuitsvis.utils.render import RenderedHTML
 from torch import Tensor
 
-from tl_geometry.capture import StopForward, forward_with_hooks
+from tl_geometry.capture.hooks import StopForward, forward_with_hooks
 from tl_geometry.errors import InputError, ModelError
 from tl_geometry.models import describe_model, hook_pattern_name
 from tl_geometry.taxonomy.classify import ALL_LABELS

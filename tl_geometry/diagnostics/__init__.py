@@ -9,7 +9,7 @@ Do a model's values and weights satisfy the three assumptions behind the bounds?
 * :func:`fit_attention_profile` — Assumption 3: sink, plateau, oscillation, recency
   (``p_sink, p_base, eta_osc, omega, eta_exp, T1, T2, fit_error``; Fig. 4);
 * :class:`DiagnosticsObserver` — all three, layer by layer, inside
-  :func:`tl_geometry.capture.run_streaming`, with mergeable accumulators.
+  :func:`tl_geometry.capture.hooks.run_streaming`, with mergeable accumulators.
 
 Each function is the one-batch case of its accumulator (:class:`NormAccumulator`,
 :class:`SimilarityAccumulator`, :class:`ProfileAccumulator`), which ``update`` / ``merge`` /

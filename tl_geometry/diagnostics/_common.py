@@ -7,9 +7,9 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+from tl_geometry.capture.tables import empty_frame as empty_frame  # re-exported for the accumulators
 from tl_geometry.core.numerics import ACC_DTYPE as ACC_DTYPE  # re-exported for the accumulators
 from tl_geometry.errors import InputError
-from tl_geometry.tables import empty_frame as empty_frame  # re-exported for the accumulators
 
 
 def median_last(x: Tensor) -> Tensor:

@@ -1,7 +1,7 @@
 """``DiagnosticsObserver``: the three assumption diagnostics of definitions §3, layer by layer, streamed.
 
-It plugs into :func:`tl_geometry.capture.run_streaming` like
-:class:`tl_geometry.observers.SeparabilityObserver`. For every layer it keeps only mergeable
+It plugs into :func:`tl_geometry.capture.hooks.run_streaming` like
+:class:`tl_geometry.capture.observers.SeparabilityObserver`. For every layer it keeps only mergeable
 accumulators (a few ``[kv_head, L]`` / ``[kv_head, k_max]`` / ``[head, K]`` sums), so memory does
 not grow with the number of sequences, and two observers (other batches, other machines, or a
 saved state) merge into exactly what one observer seeing every sequence would hold.
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 import pandas as pd
 import torch
 
-from tl_geometry.capture import LayerBatch
+from tl_geometry.capture.hooks import LayerBatch
 from tl_geometry.diagnostics._common import check_same, empty_frame
 from tl_geometry.diagnostics.norms import NORM_COLUMNS, NORM_CURVE_COLUMNS, NormAccumulator
 from tl_geometry.diagnostics.profile import (
@@ -105,7 +105,7 @@ class DiagnosticsObserver:
     Examples
     --------
     >>> import torch, tl_geometry as tlg
-    >>> from tl_geometry.capture import run_streaming
+    >>> from tl_geometry.capture.hooks import run_streaming
     >>> from tl_geometry.testing import tiny_llama_bridge
     >>> model = tiny_llama_bridge()                    # a real one: tlg.load_model("smollm2-135m")
     >>> info = tlg.describe_model(model)

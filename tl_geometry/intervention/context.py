@@ -24,7 +24,7 @@ import einops
 import torch
 from torch import Tensor
 
-from tl_geometry.capture import _as_kv_values, model_device
+from tl_geometry.capture.hooks import _as_kv_values, model_device
 from tl_geometry.core.checks import is_integer
 from tl_geometry.core.rankings import check_rank_by, check_seed, ranking_scores, row_keys
 from tl_geometry.errors import InputError, ModelError

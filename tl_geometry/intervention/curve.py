@@ -37,14 +37,14 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 import torch
 
-from tl_geometry._files import write_json_atomic
 from tl_geometry.analysis import _as_corpus, corpus_tokens
 from tl_geometry.core.rankings import RANKINGS, check_rankings, check_seed
 from tl_geometry.errors import InputError
 from tl_geometry.intervention.context import top_n_attention
 from tl_geometry.intervention.loss import LossSum, check_windows, corpus_nll
+from tl_geometry.io.files import write_json_atomic
+from tl_geometry.io.store import StoreError, model_fingerprint, tokens_sha256
 from tl_geometry.models import describe_model
-from tl_geometry.store import StoreError, model_fingerprint, tokens_sha256
 
 CURVE_FILE = "curve.json"
 CURVE_COLUMNS = ["rank_by", "renormalize", "n", "nll", "nll_full", "delta_nll_rel", "n_tokens", "stage"]

@@ -16,7 +16,7 @@ from jaxtyping import Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from tl_geometry.capture import model_device
+from tl_geometry.capture.hooks import model_device
 from tl_geometry.errors import InputError
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from tl_geometry.capture.tables import attention_rows, select_query_pos
 from tl_geometry.errors import InputError
-from tl_geometry.tables import attention_rows, select_query_pos
 
 #: How to obtain each optional table, for the error messages.
 DIAGNOSTICS = "run tlg.analyze(..., diagnostics=True)"

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from tl_geometry.capture.tables import attention_rows
 from tl_geometry.errors import InputError
 from tl_geometry.plot._common import as_array, base_layout
 from tl_geometry.plot.regime_curves import check_heads
-from tl_geometry.tables import attention_rows
 
 
 def _kv_map(heads: pd.DataFrame | None, model: Any) -> pd.DataFrame:

@@ -8,10 +8,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from tl_geometry.capture.tables import check_heads
 from tl_geometry.errors import InputError
 from tl_geometry.plot._common import N_AXIS, TAXONOMY, as_array, get_table, one_query
 from tl_geometry.plot.colors import REGIME_COLORS, REGIME_ORDER
-from tl_geometry.tables import check_heads
 
 if TYPE_CHECKING:
     from tl_geometry.analysis import AnalysisResult

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tl_geometry.environment import installed_versions
+from tl_geometry.capture.tables import attention_rows
 from tl_geometry.errors import InputError
-from tl_geometry.tables import attention_rows
+from tl_geometry.io.environment import installed_versions
 
 _METRICS = ["precision", "recall", "f_at_rmax", "f_at_rmin"]
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import pandas as pd
 
-from tl_geometry._files import write_atomic
 from tl_geometry.errors import InputError
+from tl_geometry.io.files import write_atomic
 from tl_geometry.report.figures import ReportFigure
 from tl_geometry.report.page import footer_html, meta_html, page_html, section_html
 from tl_geometry.report.sections import Summary

@@ -4,7 +4,7 @@
   ``c_rest``, ``rho_0``, ``cos(s(N), v_0)``, ``cos(s(N), v_L)``, ``||s(N)||`` and its
   leave-one-out variants);
 * :class:`TaxonomyObserver` — the same features for every head of a model, streamed inside
-  :func:`tl_geometry.capture.run_streaming` and averaged over sequences (mean and std);
+  :func:`tl_geometry.capture.hooks.run_streaming` and averaged over sequences (mean and std);
 * :func:`classify_heads` — Retriever / Reset / Mixer / Unclassified per (layer, head), with the
   margin, the deciding condition and every feature (:class:`RegimeThresholds` documents the
   thresholds);

@@ -18,9 +18,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from tl_geometry.capture.tables import HEAD_KEY_COLUMNS, empty_frame
 from tl_geometry.core.numerics import ACC_DTYPE, population_std
 from tl_geometry.errors import InputError
-from tl_geometry.tables import HEAD_KEY_COLUMNS, empty_frame
 from tl_geometry.taxonomy.features import CURVE_FEATURES, SCALAR_FEATURES
 
 _LOO = {"norm_s_minus_sink": "sink_in", "norm_s_minus_last": "last_in"}

@@ -72,8 +72,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tl_geometry.capture.tables import select_query_pos
 from tl_geometry.errors import InputError
-from tl_geometry.tables import select_query_pos
 
 #: Why a features table must be cut to one query position before averaging over N.
 _ONE_K_HINT = " (curves over N of rows with different K are not averaged together)"

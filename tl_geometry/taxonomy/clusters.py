@@ -102,7 +102,7 @@ def cluster_features(obj: Any, *, query_pos: int | None = None) -> pd.DataFrame:
             "regime_clusters needs the per-N features table: run tlg.analyze(..., taxonomy=True) and pass the "
             "result, or pass TaxonomyObserver.features()"
         )
-    from tl_geometry.tables import select_query_pos
+    from tl_geometry.capture.tables import select_query_pos
 
     t = select_query_pos(table, query_pos, "features table", " (curves over N of different K are not clustered)")
     if t.empty:

@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 from torch import Tensor
 
+from tl_geometry.capture.tables import attention_rows, check_heads, effect_frame, select_query_pos
 from tl_geometry.errors import InputError
-from tl_geometry.tables import attention_rows, check_heads, select_query_pos
 from tl_geometry.taxonomy.classify import ALL_LABELS, classify_heads
 
 #: Per-head value columns recognised without ``value=``, in this order.
@@ -29,8 +29,6 @@ JOIN_KEYS = ["layer", "head"]
 def _per_head(effects: Any, value: str | None) -> tuple[pd.DataFrame, str]:
     """The per-head frame and its value column, from a frame or a [n_layers, n_heads] tensor."""
     if isinstance(effects, Tensor):
-        from tl_geometry.patching import effect_frame
-
         name = value or "effect"
         return effect_frame(effects, name), name
     if not isinstance(effects, pd.DataFrame) or set(JOIN_KEYS) - set(effects.columns):

@@ -1,7 +1,7 @@
 """``TaxonomyObserver``: the regime features of every head, streamed layer by layer (definitions §5).
 
-It plugs into :func:`tl_geometry.capture.run_streaming` beside
-:class:`tl_geometry.observers.SeparabilityObserver`. Per layer it computes the per-row features
+It plugs into :func:`tl_geometry.capture.hooks.run_streaming` beside
+:class:`tl_geometry.capture.observers.SeparabilityObserver`. Per layer it computes the per-row features
 of every head and chosen query row (:func:`~tl_geometry.taxonomy.features.row_features`), adds
 them to running sums over sequences, and drops them: memory holds a few ``[head, n]`` sums per
 layer, whatever the number of sequences.
@@ -14,7 +14,7 @@ from typing import Any, Callable, Hashable, Mapping
 import pandas as pd
 import torch
 
-from tl_geometry.capture import LayerBatch, values_per_head
+from tl_geometry.capture.hooks import LayerBatch, values_per_head
 from tl_geometry.core.separability import check_row_inputs
 from tl_geometry.core.sizes import NsLike, resolve_ns
 from tl_geometry.errors import InputError
@@ -65,8 +65,8 @@ class TaxonomyObserver:
     Examples
     --------
     >>> import torch, tl_geometry as tlg
-    >>> from tl_geometry.capture import run_streaming
-    >>> from tl_geometry.observers import SeparabilityObserver
+    >>> from tl_geometry.capture.hooks import run_streaming
+    >>> from tl_geometry.capture.observers import SeparabilityObserver
     >>> from tl_geometry.testing import tiny_llama_bridge
     >>> model = tiny_llama_bridge()                    # a real one: tlg.load_model("smollm2-135m")
     >>> info = tlg.describe_model(model)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from tl_geometry.capture.tables import attention_rows, select_query_pos
 from tl_geometry.errors import InputError
-from tl_geometry.tables import attention_rows, select_query_pos
 
 SINK_EFFECT_COLUMNS = ["n", "pearson", "spearman", "n_heads"]
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tl_geometry.tables import attention_rows, check_heads, select_query_pos
+from tl_geometry.capture.tables import attention_rows, check_heads, select_query_pos
 from tl_geometry.taxonomy.classify import ALL_LABELS, classify_heads
 
 SHARE_COLUMNS = ["layer", "regime", "n_heads", "share"]

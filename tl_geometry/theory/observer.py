@@ -1,8 +1,8 @@
 """Envelopes of Theorems 1-2 inside the streaming analysis: an observer and the comparison table.
 
 * :class:`BoundsObserver` computes :func:`tl_geometry.theory.bounds.bounds` for every head and chosen
-  query row of a layer (a :class:`~tl_geometry.observers.RowObserver`), in the same row order as
-  :class:`~tl_geometry.observers.SeparabilityObserver`, so the two tables join on
+  query row of a layer (a :class:`~tl_geometry.capture.observers.RowObserver`), in the same row order as
+  :class:`~tl_geometry.capture.observers.SeparabilityObserver`, so the two tables join on
   ``seq, layer, head, kv_head, query_pos, n``.
 * :func:`join_bounds` adds the bound columns to a separability table.
 * :func:`envelopes` compares, per ``N``, the measured precision / recall with the envelopes.
@@ -15,11 +15,11 @@ from typing import Sequence
 import pandas as pd
 import torch
 
+from tl_geometry.capture.observers import RowMetricsObserver
+from tl_geometry.capture.tables import KEY_COLUMNS, REFERENCE_RANKING, attention_rows
 from tl_geometry.core.sizes import NsLike
 from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo
-from tl_geometry.observers import RowMetricsObserver
-from tl_geometry.tables import KEY_COLUMNS, REFERENCE_RANKING, attention_rows
 from tl_geometry.theory.bounds import BOUND_FIELDS, F_BOUND_FIELDS, RhoLike, bounds, resolve_rho
 
 BOUND_COLUMNS = [
@@ -44,7 +44,7 @@ class BoundsObserver(RowMetricsObserver):
     rho : "measured" (default), SimilarityModel or ("model", beta, rho_0)
         Source of the cosines (see :func:`tl_geometry.theory.bounds.bounds`).
 
-    Use it as one of the observers of :func:`tl_geometry.capture.run_streaming`, then
+    Use it as one of the observers of :func:`tl_geometry.capture.hooks.run_streaming`, then
     :meth:`take` the table (columns :data:`BOUNDS_COLUMNS`, one row per
     ``(seq, head, query_pos, n)`` of each observed layer).
     """

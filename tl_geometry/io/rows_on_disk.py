@@ -1,6 +1,6 @@
 """The row table of a long run kept on disk: merged from the batch parts without holding it in memory.
 
-A run with an output directory saves every batch's rows as a parquet part (:mod:`tl_geometry.store`).
+A run with an output directory saves every batch's rows as a parquet part (:mod:`tl_geometry.io.store`).
 :func:`merge_parts` writes them into one parquet file in the table's key order, one group of parts
 at a time (parts whose window ranges overlap are sorted together), so the peak memory of the merge
 is that of a batch, whatever the number of windows. :class:`RowsOnDisk` stands for that file in an
@@ -26,7 +26,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from tl_geometry._files import write_atomic
+from tl_geometry.io.files import write_atomic
 
 _PART_RE = re.compile(r"part-(\d+)-(\d+)\.parquet")
 

@@ -26,17 +26,16 @@ import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import pandas as pd
 import torch
 from torch import Tensor
 
-from tl_geometry._files import write_atomic
 from tl_geometry.errors import InputError
+from tl_geometry.io.files import write_atomic
+from tl_geometry.io.rows_on_disk import RowsOnDisk, merge_parts
 from tl_geometry.models import ModelInfo
-from tl_geometry.rows_on_disk import RowsOnDisk, merge_parts
-from tl_geometry.settings import AnalysisSettings, describe_differences
 
 #: Version of the store's layout and of ``progress.json``.
 STORE_FORMAT = 1
@@ -100,13 +99,13 @@ def tokens_sha256(tokens: Tensor) -> str:
     return hashlib.sha256(tokens.to(torch.int64).contiguous().cpu().numpy().tobytes()).hexdigest()
 
 
-def run_identity(model: Any, info: ModelInfo, tokens: Tensor, settings: AnalysisSettings) -> dict[str, Any]:
+def run_identity(model: Any, info: ModelInfo, tokens: Tensor, settings: Mapping[str, Any]) -> dict[str, Any]:
     """What must agree for a saved run to be resumed, as a flat JSON-able dict.
 
     Keys: ``model`` (its name), ``model geometry`` (the rest of :class:`ModelInfo`), ``model
     weights`` (:func:`model_fingerprint`), ``n_seqs``, ``seq_len``, ``token windows``
     (:func:`tokens_sha256`), then every result-changing setting
-    (:meth:`AnalysisSettings.identity`).
+    (``settings``: :meth:`~tl_geometry.pipeline.settings.AnalysisSettings.identity`).
     """
     geometry = {k: v for k, v in asdict(info).items() if k != "name"}
     return {
@@ -116,8 +115,30 @@ def run_identity(model: Any, info: ModelInfo, tokens: Tensor, settings: Analysis
         "n_seqs": int(tokens.shape[0]),
         "seq_len": int(tokens.shape[1]),
         "token windows": tokens_sha256(tokens),
-        **settings.identity(),
+        **settings,
     }
+
+
+def describe_differences(mine: Mapping[str, Any], theirs: Mapping[str, Any], limit: int = 60) -> list[str]:
+    """``"key (mine vs theirs)"`` for every key whose values differ (values shortened to ``limit`` chars).
+
+    A key held by one side only (a setting that matters only when a switch is on) is named only
+    when no key held by both sides differs: it is then the difference, else a consequence of one.
+
+    Examples
+    --------
+    >>> describe_differences({"ns": "log", "bounds": True, "kappa": 0.5}, {"ns": "log", "bounds": False})
+    ['bounds (True vs False)']
+    """
+
+    def short(value: Any) -> str:
+        text = "unset" if value is None else str(value)
+        return text if len(text) <= limit else text[: limit - 3] + "..."
+
+    both = [k for k in mine if k in theirs and mine[k] != theirs[k]]
+    if not both:
+        both = [k for k in [*mine, *theirs] if (k in mine) != (k in theirs)]
+    return [f"{k} ({short(mine.get(k))} vs {short(theirs.get(k))})" for k in both]
 
 
 # ----------------------------------------------------------------------------- the store
@@ -280,4 +301,12 @@ class RunStore:
             raise self._damaged(path, f"not a readable parquet file: {type(exc).__name__}") from None
 
 
-__all__ = ["RunStore", "STORE_FORMAT", "StoreError", "model_fingerprint", "run_identity", "tokens_sha256"]
+__all__ = [
+    "RunStore",
+    "STORE_FORMAT",
+    "StoreError",
+    "describe_differences",
+    "model_fingerprint",
+    "run_identity",
+    "tokens_sha256",
+]

@@ -6,9 +6,10 @@ from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
+import torch
 from torch import Tensor
 
-from tl_geometry.capture import LayerBatch
+from tl_geometry.capture.hooks import LayerBatch
 from tl_geometry.errors import InputError
 
 #: Key of a per-row table: one row per (sequence, layer, head, query position, selection size).
@@ -171,3 +172,18 @@ def select_query_pos(table: pd.DataFrame, query_pos: int | None, what: str = "ta
     if query_pos not in positions:
         raise InputError(f"query_pos={query_pos} is not in the {what} (it holds {positions[:8]})")
     return table[table["query_pos"] == query_pos]
+
+
+def effect_frame(effects: Tensor, column: str) -> pd.DataFrame:
+    """A ``[n_layers, n_heads]`` tensor as the tidy frame ``layer, head, <column>``."""
+    if not isinstance(effects, Tensor) or effects.ndim != 2:
+        raise InputError(f"per-head effects must be a [n_layers, n_heads] tensor, got {type(effects).__name__}")
+    n_layers, n_heads = effects.shape
+    values = effects.detach().double().cpu()
+    return pd.DataFrame(
+        {
+            "layer": torch.arange(n_layers).repeat_interleave(n_heads).numpy(),
+            "head": torch.arange(n_heads).repeat(n_layers).numpy(),
+            column: values.reshape(-1).numpy(),
+        }
+    )

@@ -1,8 +1,8 @@
-"""Observers: what :func:`tl_geometry.capture.run_streaming` feeds, layer by layer.
+"""Observers: what :func:`tl_geometry.capture.hooks.run_streaming` feeds, layer by layer.
 
 Every observer of the package follows one protocol, :class:`Observer`:
 
-* ``observe(batch)`` adds one :class:`~tl_geometry.capture.LayerBatch` (one layer of one forward
+* ``observe(batch)`` adds one :class:`~tl_geometry.capture.hooks.LayerBatch` (one layer of one forward
   pass);
 * ``merge(other)`` adds another observer's content (other sequences, same settings) in place and
   returns ``self``;
@@ -27,7 +27,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from tl_geometry.capture import LayerBatch, values_per_head
+from tl_geometry.capture.hooks import LayerBatch, values_per_head
+from tl_geometry.capture.tables import KEY_COLUMNS, empty_table, head_rows_table, query_rows_table
 from tl_geometry.core.query_engine import separability_queries
 from tl_geometry.core.rankings import (
     DEFAULT_N_RANDOM,
@@ -41,9 +42,8 @@ from tl_geometry.core.separability import separability
 from tl_geometry.core.sizes import NsLike
 from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo
-from tl_geometry.tables import KEY_COLUMNS, empty_table, head_rows_table, query_rows_table
 
-#: Metric columns of the separability table, after :data:`~tl_geometry.tables.KEY_COLUMNS`.
+#: Metric columns of the separability table, after :data:`~tl_geometry.capture.tables.KEY_COLUMNS`.
 SEPARABILITY_METRICS = ["precision", "recall", "r_min", "r_max", "f_at_rmax", "f_at_rmin"]
 #: The local output errors of a selection (definitions §7), after the metrics.
 LOCAL_ERROR_METRICS = ["retained_mass", "local_error_del", "local_error_ren"]
@@ -182,7 +182,7 @@ class SeparabilityObserver(RowMetricsObserver):
     Examples
     --------
     >>> import torch
-    >>> from tl_geometry.capture import LayerBatch
+    >>> from tl_geometry.capture.hooks import LayerBatch
     >>> from tl_geometry.models import ModelInfo
     >>> info = ModelInfo("toy", "TransformerBridge", 1, 2, 1, 3, 8, 0, True)
     >>> weights = torch.tensor([0.1, 0.2, 0.3, 0.4]).expand(1, 2, 1, 4)  # [batch, head, query, key]
