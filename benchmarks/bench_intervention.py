@@ -21,7 +21,7 @@ import time
 import torch
 
 import tl_geometry as tlg
-from tl_geometry.analysis import corpus_tokens
+from tl_geometry.corpus import corpus_tokens
 
 
 def best_of_alternating(fns: dict, repeats: int = 2) -> dict[str, float]:

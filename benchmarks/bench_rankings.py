@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_separability import forward_seconds  # noqa: E402
 
 import tl_geometry as tlg  # noqa: E402
-from tl_geometry.analysis import corpus_tokens  # noqa: E402
+from tl_geometry.corpus import corpus_tokens  # noqa: E402
 
 REPEATS = 2
 

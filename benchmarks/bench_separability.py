@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from tl_geometry.analysis import corpus_tokens
+from tl_geometry.corpus import corpus_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))

@@ -90,7 +90,7 @@ def test_query_positions_stride_and_default_grid(llama_bridge) -> None:
 
 
 def test_interrupted_run_resumes_without_loss(llama_bridge, tmp_path, monkeypatch) -> None:
-    import tl_geometry.analysis as analysis
+    import tl_geometry.pipeline.loop as analysis
 
     corpus = tlg.corpus.from_texts(TEXT, n_seqs=5, seq_len=16)
     full = tlg.analyze(llama_bridge, corpus, batch_size=2, diagnostics=True, k_max=4, progress=False)

@@ -9,6 +9,7 @@ import torch
 from conftest import build
 
 import tl_geometry as tlg
+import tl_geometry.pipeline.plan
 from tl_geometry import cli
 from tl_geometry.core.rankings import row_keys
 from tl_geometry.errors import InputError
@@ -96,7 +97,7 @@ def test_random_control_does_not_depend_on_batch_size_or_resume(model, corpus, t
     whole = tlg.analyze(model, corpus, batch_size=3, **kwargs).separability
     single = tlg.analyze(model, corpus, batch_size=1, **kwargs).separability
     pd.testing.assert_frame_equal(whole, single)
-    import tl_geometry.analysis as analysis
+    import tl_geometry.pipeline.loop as analysis
 
     real, calls = analysis.run_streaming, {"n": 0}
 
@@ -127,7 +128,9 @@ def test_random_control_does_not_depend_on_batch_size_or_resume(model, corpus, t
     ],
 )
 def test_bad_rankings_are_refused_before_the_model_is_loaded(kwargs, match, monkeypatch):
-    monkeypatch.setattr(tlg.analysis, "load_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    monkeypatch.setattr(
+        tl_geometry.pipeline.plan, "load_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded"))
+    )
     with pytest.raises(InputError, match=match):
         tlg.analyze("smollm2-135m", TEXT, **kwargs)
 

@@ -62,7 +62,7 @@ def test_usage_errors(tmp_path, capsys, tiny_cli) -> None:
 def test_run_writes_tables_report_and_resumes(tmp_path, capsys, tiny_cli, monkeypatch) -> None:
     out = tmp_path / "run"
     args = ["run", "--out", str(out), "--n-seqs", "3", "--seq-len", "32", "--batch-size", "1", "--no-progress"]
-    import tl_geometry.analysis as analysis
+    import tl_geometry.pipeline.loop as analysis
 
     real = analysis.run_streaming
     calls = {"n": 0}

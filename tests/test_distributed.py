@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tl_geometry.distributed import World, check_shards, shard_windows
 from tl_geometry.errors import InputError
+from tl_geometry.pipeline.torchrun import World, check_shards, shard_windows
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]

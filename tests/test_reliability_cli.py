@@ -59,7 +59,7 @@ def snapshot(directory: Path) -> dict[str, bytes]:
 
 def interrupt_after(monkeypatch, calls: int) -> None:
     """Make the forward pass number ``calls + 1`` raise KeyboardInterrupt (as Ctrl-C would)."""
-    import tl_geometry.analysis as analysis
+    import tl_geometry.pipeline.loop as analysis
 
     real = analysis.run_streaming
     count = {"n": 0}
@@ -177,7 +177,7 @@ def test_bad_kappa_is_refused_before_the_model_is_loaded(tmp_path, capsys, no_mo
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int64])
 def test_unsupported_dtype_is_refused_before_the_model_runs(llama_bridge, monkeypatch, dtype) -> None:
-    import tl_geometry.analysis as analysis
+    import tl_geometry.pipeline.loop as analysis
 
     monkeypatch.setattr(analysis, "run_streaming", lambda *a, **k: pytest.fail("the model ran"))
     corpus = tlg.corpus.from_texts(TEXT, n_seqs=1, seq_len=16)
@@ -188,7 +188,7 @@ def test_unsupported_dtype_is_refused_before_the_model_runs(llama_bridge, monkey
 def test_a_run_that_fails_in_its_first_batch_leaves_nothing_that_blocks_the_fix(
     tmp_path, capsys, tiny_cli, monkeypatch
 ):
-    import tl_geometry.analysis as analysis
+    import tl_geometry.pipeline.loop as analysis
     from tl_geometry.capture.hooks import run_streaming
 
     def broken(*args, **kwargs):
@@ -204,7 +204,7 @@ def test_a_run_that_fails_in_its_first_batch_leaves_nothing_that_blocks_the_fix(
 
 
 def test_analyze_that_fails_in_its_first_batch_leaves_no_store(tmp_path, llama_bridge, monkeypatch) -> None:
-    import tl_geometry.analysis as analysis
+    import tl_geometry.pipeline.loop as analysis
 
     corpus = tlg.corpus.from_texts(TEXT, n_seqs=2, seq_len=16)
     monkeypatch.setattr(analysis, "run_streaming", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))

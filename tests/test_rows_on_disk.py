@@ -50,11 +50,11 @@ def test_a_run_with_out_dir_keeps_its_rows_on_disk_until_used(tmp_path: Path) ->
     kwargs = dict(batch_size=2, progress=False, bounds=True, rank_by=("attention", "random"), query_positions=[7, 15])
     memory = tlg.analyze(model, tokens, **kwargs)
     disk = tlg.analyze(model, tokens, out_dir=tmp_path / "run", **kwargs)
-    raw = object.__getattribute__(disk, "separability")
+    raw = disk.rows
     assert isinstance(raw, RowsOnDisk) and raw.n_rows == len(memory.separability)
     assert repr(disk) == repr(memory)
     disk.save(tmp_path / "saved")  # copied, still not read
-    assert isinstance(object.__getattribute__(disk, "separability"), RowsOnDisk)
+    assert isinstance(disk.rows, RowsOnDisk)
     pd.testing.assert_frame_equal(disk.separability, memory.separability, check_exact=True)
     assert disk.separability.attrs == memory.separability.attrs
     saved = tlg.load_result(tmp_path / "saved")

@@ -18,7 +18,7 @@ from tl_geometry.capture.observers import Observer, RowObserver, SeparabilityObs
 from tl_geometry.io.files import write_atomic
 from tl_geometry.io.store import RunStore, StoreError, model_fingerprint, tokens_sha256
 from tl_geometry.models import ModelInfo
-from tl_geometry.settings import AnalysisSettings
+from tl_geometry.pipeline.settings import AnalysisSettings
 from tl_geometry.theory import SimilarityModel
 
 INFO = ModelInfo("toy", "TransformerBridge", 2, 4, 2, 3, 64, 0, True)

@@ -12,7 +12,6 @@ Attention" under the definitions of docs/definitions.md. Start with::
 from importlib import metadata as _metadata
 
 from tl_geometry import corpus, diagnostics, intervention, patching, plot, report, taxonomy, theory, vis
-from tl_geometry.analysis import AnalysisResult, analyze, corpus_tokens, load_result
 from tl_geometry.capture.observers import Observer, RowObserver, SeparabilityObserver
 from tl_geometry.core.separability import (
     PrecisionRecallAtRadius,
@@ -21,6 +20,7 @@ from tl_geometry.core.separability import (
     separability,
 )
 from tl_geometry.core.sizes import log_spaced_ns
+from tl_geometry.corpus import corpus_tokens
 from tl_geometry.diagnostics import (
     AttentionProfileFit,
     DiagnosticsObserver,
@@ -41,7 +41,9 @@ from tl_geometry.intervention import (
     top_n_attention,
 )
 from tl_geometry.models import DEFAULT_MODEL, ModelInfo, describe_model, kv_head_index, load_model
-from tl_geometry.settings import AnalysisSettings
+from tl_geometry.pipeline.analysis import analyze
+from tl_geometry.pipeline.result import AnalysisResult, load_result
+from tl_geometry.pipeline.settings import AnalysisSettings
 from tl_geometry.taxonomy import (
     ClassificationStability,
     RegimeClusters,

@@ -29,9 +29,9 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from tl_geometry.distributed import World, check_shards, has_progress
 from tl_geometry.errors import TLGeometryError
 from tl_geometry.io.files import write_json_atomic
+from tl_geometry.pipeline.torchrun import World, check_shards, has_progress
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -142,8 +142,8 @@ def check_window_options(args: argparse.Namespace, why_two: str) -> None:
 
 
 def _settings(args: argparse.Namespace):
-    """The :class:`~tl_geometry.settings.AnalysisSettings` of the options (checked before any loading)."""
-    from tl_geometry.settings import AnalysisSettings
+    """The :class:`~tl_geometry.pipeline.settings.AnalysisSettings` of the options (checked before any loading)."""
+    from tl_geometry.pipeline.settings import AnalysisSettings
 
     check_window_options(args, "BOS plus one token")
     if not (math.isfinite(args.kappa) and args.kappa > 0):
@@ -310,9 +310,10 @@ def _run_command(args, settings, device, out: Path, corpus, world: World | None)
         world.barrier()
 
     import tl_geometry as tlg
-    from tl_geometry.analysis import plan_analysis, run_analysis
     from tl_geometry.io.environment import installed_versions
     from tl_geometry.io.store import StoreError
+    from tl_geometry.pipeline.loop import run_analysis
+    from tl_geometry.pipeline.plan import plan_analysis
     from tl_geometry.report import EFFECTS_FILE, build_report
     from tl_geometry.vis import head_grid_html
 
@@ -327,7 +328,7 @@ def _run_command(args, settings, device, out: Path, corpus, world: World | None)
         world.barrier()
     try:
         if world is not None:
-            from tl_geometry.distributed import run_sharded
+            from tl_geometry.pipeline.torchrun import run_sharded
 
             result = run_sharded(plan, out / "progress", world, show_progress=not args.no_progress)
             if result is None:
@@ -404,7 +405,7 @@ def _check_saved_tables(src: Path) -> None:
     """Every table of a run directory readable (a truncated one is named, not a traceback)."""
     import pyarrow.parquet as pq
 
-    from tl_geometry.analysis import load_result
+    from tl_geometry.pipeline.result import load_result
 
     load_result(src)
     for path in sorted(src.glob("*.parquet")):

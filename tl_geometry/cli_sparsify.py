@@ -101,7 +101,7 @@ def sparsify_command(args: argparse.Namespace) -> int:
     """Under torchrun the curve's windows are sharded as in ``tl-geometry run`` (gloo): every rank
     measures its windows of every point, the per-window NLL sums are merged on every rank, and rank 0
     alone writes the files and runs the localised loss and the geometry pass."""
-    from tl_geometry.distributed import World
+    from tl_geometry.pipeline.torchrun import World
 
     options = _options(args)
     out = _check_out(args)  # every rank, before any of them claims the directory

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from tl_geometry.core.checks import is_integer
 from tl_geometry.errors import InputError
+from tl_geometry.models import ModelInfo, describe_model
 
 
 @dataclass(frozen=True)
@@ -295,3 +296,34 @@ def from_tokens(tokens: Tensor | Sequence[Sequence[int]], name: str = "tokens") 
     if t.shape[1] < 2:
         raise InputError("each token window needs at least 2 tokens")
     return TokenCorpus(name=name, tokens=t.to(torch.int64))
+
+
+def corpus_tokens(model: Any, corpus: Corpus | TokenCorpus, info: ModelInfo | None = None) -> Tensor:
+    """The token windows ``[n_seqs, seq_len]`` that :func:`tl_geometry.analyze` runs ``model`` on.
+
+    Text is tokenised with the model's tokenizer, documents separated by its EOS token, and
+    every window starts with its BOS token when it has one (see this module).
+    """
+    info = info or describe_model(model)
+    tokenizer = getattr(model, "tokenizer", None)
+    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    tokens = corpus.windows(tokenizer, info.bos_token_id, eos)
+    vocab = int(getattr(model.cfg, "d_vocab", 0) or 0)
+    if tokens.numel() and int(tokens.min()) < 0:
+        raise InputError(f"token id {int(tokens.min())} is negative: token ids are indices into the vocabulary (>= 0)")
+    if vocab and int(tokens.max()) >= vocab:
+        raise InputError(f"token id {int(tokens.max())} is outside the model's vocabulary of {vocab}")
+    return tokens
+
+
+def as_corpus(corpus: Any, default_seq_len: int) -> Corpus | TokenCorpus:
+    if isinstance(corpus, (Corpus, TokenCorpus)):
+        return corpus
+    if isinstance(corpus, Tensor):
+        return from_tokens(corpus)
+    if isinstance(corpus, str) or (isinstance(corpus, Sequence) and all(isinstance(t, str) for t in corpus)):
+        return from_texts(corpus, seq_len=default_seq_len)
+    raise InputError(
+        f"corpus of type {type(corpus).__name__} is not understood: pass tl_geometry.corpus.python_docs(), "
+        "from_texts([...]), from_tokens(tensor), a string or a list of strings"
+    )

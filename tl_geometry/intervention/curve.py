@@ -37,8 +37,8 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 import torch
 
-from tl_geometry.analysis import _as_corpus, corpus_tokens
 from tl_geometry.core.rankings import RANKINGS, check_rankings, check_seed
+from tl_geometry.corpus import as_corpus, corpus_tokens
 from tl_geometry.errors import InputError
 from tl_geometry.intervention.context import top_n_attention
 from tl_geometry.intervention.loss import LossSum, check_windows, corpus_nll
@@ -254,7 +254,7 @@ def sparsification_curve(
     out_dir : write ``curve.json`` there as points are measured, and resume from it.
     resume : False starts over even if ``out_dir`` holds a curve.
     progress : show progress bars.
-    world : a started :class:`tl_geometry.distributed.World` (torchrun), or None. Each process runs
+    world : a started :class:`tl_geometry.pipeline.torchrun.World` (torchrun), or None. Each process runs
         the windows ``i % world.size == world.rank`` (as ``tl-geometry run``), the per-window float64
         NLL sums are gathered by every process and summed in one process's order, so every point
         equals a one-process curve's (exactly with ``batch_size=1``); only rank 0 writes
@@ -269,7 +269,7 @@ def sparsification_curve(
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
         raise InputError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     info = describe_model(model)
-    tokens = check_windows(corpus_tokens(model, _as_corpus(corpus, 512), info))
+    tokens = check_windows(corpus_tokens(model, as_corpus(corpus, 512), info))
     seq_len = int(tokens.shape[1])
     sizes = check_ns(sizes_spec, seq_len)
     identity = {
@@ -279,7 +279,7 @@ def sparsification_curve(
     store = _CurveStore(None if out_dir is None else Path(out_dir), identity, resume, world is None or world.is_main)
     shard: dict[str, Any] = {}
     if world is not None:
-        from tl_geometry.distributed import shard_windows
+        from tl_geometry.pipeline.torchrun import shard_windows
 
         shard = {"windows": shard_windows(int(tokens.shape[0]), world.rank, world.size), "gather": world.merge_dicts}
     with top_n_attention(

@@ -26,8 +26,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from tl_geometry.analysis import _as_corpus, corpus_tokens
 from tl_geometry.core.rankings import check_rank_by, check_seed
+from tl_geometry.corpus import as_corpus, corpus_tokens
 from tl_geometry.errors import InputError
 from tl_geometry.intervention.context import check_n, resolve_units, top_n_attention
 from tl_geometry.intervention.loss import check_windows, corpus_nll
@@ -80,7 +80,7 @@ def localized_loss(
         raise InputError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     info = describe_model(model)
     chosen = sorted(resolve_units(info, layers, None))
-    tokens = check_windows(corpus_tokens(model, _as_corpus(corpus, 512), info))
+    tokens = check_windows(corpus_tokens(model, as_corpus(corpus, 512), info))
     with top_n_attention(model, n=n, rank_by=rank_by):  # refuses a model that ignores pattern edits
         pass
     full = corpus_nll(model, tokens, batch_size, progress=False)

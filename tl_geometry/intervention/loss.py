@@ -86,7 +86,7 @@ def corpus_nll(
     windows in ``tokens`` (the intervention sets its ``seq_ids`` there). Returns :class:`LossSum`.
 
     ``windows`` (default: all) are the windows this process runs, e.g. its shard under torchrun
-    (:func:`tl_geometry.distributed.shard_windows`); ``gather`` turns this process's per-window sums
+    (:func:`tl_geometry.pipeline.torchrun.shard_windows`); ``gather`` turns this process's per-window sums
     ``{window: float64 sum}`` into those of every window (every process's, merged). The total is
     then summed as one process would: the windows in order, batch by batch (``batch_size``), so a
     sharded run gives the same float64 total as one process whenever the per-window sums agree

@@ -4,7 +4,7 @@ A run with an output directory saves every batch's rows as a parquet part (:mod:
 :func:`merge_parts` writes them into one parquet file in the table's key order, one group of parts
 at a time (parts whose window ranges overlap are sorted together), so the peak memory of the merge
 is that of a batch, whatever the number of windows. :class:`RowsOnDisk` stands for that file in an
-:class:`~tl_geometry.analysis.AnalysisResult` until the table is first used.
+:class:`~tl_geometry.pipeline.result.AnalysisResult` until the table is first used.
 
 Examples
 --------

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from tl_geometry.plot._common import DIAGNOSTICS, as_array, base_layout, get_table
 
 if TYPE_CHECKING:
-    from tl_geometry.analysis import AnalysisResult
+    from tl_geometry.pipeline.result import AnalysisResult
 
 
 _BAND_COLOR = "rgba(31, 119, 180, 0.2)"

@@ -12,7 +12,7 @@ from tl_geometry.errors import InputError
 from tl_geometry.plot._common import N_AXIS, as_array, select_query
 
 if TYPE_CHECKING:
-    from tl_geometry.analysis import AnalysisResult
+    from tl_geometry.pipeline.result import AnalysisResult
 
 _METRICS = ("precision", "recall", "f_at_rmax", "f_at_rmin")
 #: One colour per ranking (the random control grey, as a baseline).

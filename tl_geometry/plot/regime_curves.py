@@ -14,7 +14,7 @@ from tl_geometry.plot._common import N_AXIS, TAXONOMY, as_array, get_table, one_
 from tl_geometry.plot.colors import REGIME_COLORS, REGIME_ORDER
 
 if TYPE_CHECKING:
-    from tl_geometry.analysis import AnalysisResult
+    from tl_geometry.pipeline.result import AnalysisResult
 
 
 #: (column of the features table, legend name, dash, row) of the five curves.

@@ -15,7 +15,7 @@ from tl_geometry.plot.regime_curves import check_heads
 from tl_geometry.taxonomy import regime_pr_curves, regime_shares
 
 if TYPE_CHECKING:
-    from tl_geometry.analysis import AnalysisResult
+    from tl_geometry.pipeline.result import AnalysisResult
 
 
 def regimes_by_layer(heads: pd.DataFrame) -> go.Figure:

@@ -14,7 +14,7 @@ from tl_geometry.plot.colors import LOWER_COLOR, MEASURED_COLOR, METRIC_COLORS, 
 from tl_geometry.theory.observer import envelopes as envelope_table
 
 if TYPE_CHECKING:
-    from tl_geometry.analysis import AnalysisResult
+    from tl_geometry.pipeline.result import AnalysisResult
 
 
 _METRICS = ("precision", "recall", "f_at_rmax", "f_at_rmin")

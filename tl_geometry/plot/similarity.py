@@ -12,7 +12,7 @@ from tl_geometry.errors import InputError
 from tl_geometry.plot._common import DIAGNOSTICS, as_array, base_layout, get_table
 
 if TYPE_CHECKING:
-    from tl_geometry.analysis import AnalysisResult
+    from tl_geometry.pipeline.result import AnalysisResult
 
 
 def mae_histogram(result: AnalysisResult | pd.DataFrame, *, nbins: int | None = None) -> go.Figure:

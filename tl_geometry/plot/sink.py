@@ -13,7 +13,7 @@ from tl_geometry.plot.colors import PEARSON_COLOR, SPEARMAN_COLOR
 from tl_geometry.taxonomy import rho0_table, sink_effect
 
 if TYPE_CHECKING:
-    from tl_geometry.analysis import AnalysisResult
+    from tl_geometry.pipeline.result import AnalysisResult
 
 
 _EFFECT_COLUMNS = {"n", "pearson", "spearman"}

@@ -9,10 +9,10 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from tl_geometry.analysis import AnalysisResult, load_result
 from tl_geometry.capture.tables import check_heads
 from tl_geometry.errors import InputError
 from tl_geometry.io.files import write_atomic
+from tl_geometry.pipeline.result import AnalysisResult, load_result
 from tl_geometry.report.figures import SECTIONS, ReportFigure, as_report_figures, default_figures, regime_test_figures
 from tl_geometry.report.page import (
     check_self_contained,

@@ -178,31 +178,31 @@ def has_progress(progress: Path) -> bool:
 def run_sharded(plan: Any, progress: Path, world: World, *, show_progress: bool = True) -> Any:
     """Analyse this rank's shard of ``plan``'s windows into its store, then merge on rank 0.
 
-    Returns the merged :class:`~tl_geometry.analysis.AnalysisResult` on rank 0 and None on the
+    Returns the merged :class:`~tl_geometry.pipeline.result.AnalysisResult` on rank 0 and None on the
     other ranks. Every rank must call it (it gathers).
     """
     import time
 
-    from tl_geometry.analysis import _assemble, _run_batches, _Wiring
     from tl_geometry.capture.tables import empty_table
     from tl_geometry.io.store import RunStore
+    from tl_geometry.pipeline.loop import Wiring, assemble, run_batches
 
     start = time.perf_counter()
     store = RunStore(world.shard_dir(progress), plan.identity(), resume=True)
-    wiring = _Wiring.build(plan)
+    wiring = Wiring.build(plan)
     wiring.load_states(store.states)
     done = store.done_seqs()
     todo = [i for i in shard_windows(plan.tokens.shape[0], world.rank, world.size) if i not in done]
-    _, analysis_s = _run_batches(plan, wiring, store, todo, show_progress and world.is_main, initial=len(done))
+    _, analysis_s = run_batches(plan, wiring, store, todo, show_progress and world.is_main, initial=len(done))
     table = store.read(empty_table(wiring.columns()))
     total_s = time.perf_counter() - start
     payload = {"rows": _to_parquet(table), "states": wiring.states(), "analysis_s": analysis_s, "total_s": total_s}
     gathered = world.gather(payload)
     if gathered is None:
         return None
-    merged = _Wiring.build(plan)
+    merged = Wiring.build(plan)
     for part in gathered:
-        other = _Wiring.build(plan)
+        other = Wiring.build(plan)
         other.load_states(part["states"])
         for name, acc in merged.accumulators.items():
             acc.merge(other.accumulators[name])
@@ -214,7 +214,7 @@ def run_sharded(plan: Any, progress: Path, world: World, *, show_progress: bool 
         "world_size": world.size,
     }
     timings["forward_s"] = timings["total_s"] - timings["analysis_s"]
-    return _assemble(plan, merged, rows, timings)
+    return assemble(plan, merged, rows, timings)
 
 
 def _to_parquet(table: pd.DataFrame) -> bytes:

@@ -1,0 +1,159 @@
+"""``run_analysis``: the batch loop of a checked plan, its observers, and the result it assembles.
+
+:class:`Wiring` builds the observers a plan asks for; :func:`run_batches` runs the forward passes
+over some windows and hands each batch's rows to a store (or keeps them); :func:`assemble` turns
+rows and accumulators into an :class:`~tl_geometry.pipeline.result.AnalysisResult`. One process
+calls :func:`run_analysis`; torchrun's ranks call the same pieces
+(:func:`tl_geometry.pipeline.torchrun.run_sharded`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from tl_geometry.capture.hooks import run_streaming
+from tl_geometry.capture.observers import Observer, RowObserver, SeparabilityObserver
+from tl_geometry.capture.tables import KEY_COLUMNS, REFERENCE_RANKING, empty_table
+from tl_geometry.diagnostics import DiagnosticsObserver
+from tl_geometry.io.rows_on_disk import RowsOnDisk
+from tl_geometry.io.store import RunStore
+from tl_geometry.pipeline.plan import AnalysisPlan
+from tl_geometry.pipeline.result import ROW_ORDER, AnalysisResult
+from tl_geometry.taxonomy import TaxonomyObserver
+from tl_geometry.theory.observer import BoundsObserver
+
+
+def run_analysis(
+    plan: AnalysisPlan,
+    out_dir: str | Path | None = None,
+    *,
+    resume: bool = True,
+    progress: bool = True,
+    windows: Sequence[int] | None = None,
+) -> AnalysisResult:
+    """Run a checked :class:`AnalysisPlan`; ``out_dir``, ``resume`` and ``progress`` as for :func:`analyze`.
+
+    ``windows`` (default: all) are the indices of the windows this call analyses, for instance one
+    process's shard under torchrun (:mod:`tl_geometry.pipeline.torchrun`); the tables' ``seq`` column keeps
+    the index of the window in ``plan.tokens``, and the accumulators hold those windows only.
+    """
+    store = RunStore(out_dir, plan.identity(), resume=resume) if out_dir is not None else None
+    wiring = Wiring.build(plan)
+    if store is not None:
+        wiring.load_states(store.states)
+    done = store.done_seqs() if store is not None else set()
+    mine = range(plan.tokens.shape[0]) if windows is None else sorted(set(int(i) for i in windows))
+    todo = [i for i in mine if i not in done]
+    start = time.perf_counter()
+    try:
+        kept, analysis_s = run_batches(plan, wiring, store, todo, progress, initial=len(done))
+    except BaseException:
+        if store is not None:
+            store.discard_if_unused()
+        raise
+    total_s = time.perf_counter() - start
+    empty = empty_table(wiring.columns())
+    table: pd.DataFrame | RowsOnDisk
+    if store is not None:  # merged on disk, one part at a time: memory does not grow with the windows
+        table = store.merge_rows(ROW_ORDER, list(plan.settings.rank_by), empty)
+    else:
+        table = pd.concat(kept, ignore_index=True) if kept else empty
+    timings = {"total_s": total_s, "analysis_s": analysis_s, "forward_s": total_s - analysis_s}
+    return assemble(plan, wiring, table, timings)
+
+
+@dataclass
+class Wiring:
+    """The observers of one run: row observers (taken after every batch, joined on the key columns;
+    separability first) and accumulators (whose states are saved after every batch, by name)."""
+
+    rows: list[RowObserver]
+    accumulators: dict[str, Observer]
+    diagnostics: DiagnosticsObserver | None = None
+    taxonomy: TaxonomyObserver | None = None
+
+    @classmethod
+    def build(cls, plan: AnalysisPlan) -> "Wiring":
+        s, info = plan.settings, plan.info
+        rows: list[RowObserver] = [SeparabilityObserver(info, s.ns, s.dtype, s.rank_by, s.distance, s.n_random, s.seed)]
+        if s.bounds:
+            rows.append(BoundsObserver(info, s.ns, s.kappa, s.dtype, s.rho))
+        diag = DiagnosticsObserver(info, k_max=s.k_max) if s.diagnostics else None
+        tax = TaxonomyObserver(info, s.ns, s.dtype) if s.taxonomy else None
+        accumulators: dict[str, Observer] = {k: v for k, v in (("diagnostics", diag), ("taxonomy", tax)) if v}
+        return cls(rows, accumulators, diag, tax)
+
+    def all(self) -> list[Observer]:
+        return [*self.rows, *self.accumulators.values()]
+
+    def columns(self) -> list[str]:
+        """The float columns of the joined row table (after the key columns)."""
+        return [c for obs in self.rows for c in getattr(obs, "columns", [])]
+
+    def take_rows(self) -> pd.DataFrame:
+        """The rows of the last batch, every row observer's columns side by side."""
+        table = self.rows[0].take()
+        for obs in self.rows[1:]:
+            extra = obs.take()  # one ranking (the bounds: attention selection)
+            attrs = {**table.attrs, **extra.attrs}
+            extra = extra.assign(rank_by=REFERENCE_RANKING)
+            table = table.merge(extra, on=[*KEY_COLUMNS, "rank_by"], how="left", validate="one_to_one")
+            table.attrs = attrs
+        return table
+
+    def states(self) -> dict[str, dict]:
+        return {name: obs.state_dict() for name, obs in self.accumulators.items()}
+
+    def load_states(self, states: dict[str, dict]) -> None:
+        for name, state in states.items():
+            self.accumulators[name].load_state_dict(state)
+
+
+def run_batches(
+    plan: AnalysisPlan, wiring: Wiring, store: RunStore | None, todo: list[int], progress: bool, initial: int
+) -> tuple[list[pd.DataFrame], float]:
+    """Forward passes over the windows ``todo`` in batches; each batch's rows are saved to ``store``
+    (with the accumulators' states) or kept. Returns the kept tables and the seconds spent observing."""
+    kept: list[pd.DataFrame] = []
+    spent: list[float] = []  # seconds inside the observers, per layer
+    bar = tqdm(total=initial + len(todo), initial=initial, desc="sequences", unit="seq", disable=not progress)
+    try:
+        for b0 in range(0, len(todo), plan.settings.batch_size):
+            ids = torch.tensor(todo[b0 : b0 + plan.settings.batch_size], dtype=torch.int64)
+            run_streaming(
+                plan.model, plan.info, plan.tokens[ids], ids, plan.layers, plan.queries, wiring.all(), spent.append
+            )
+            table = wiring.take_rows()
+            if store is not None:
+                store.write(ids.tolist(), table, wiring.states())
+            else:
+                kept.append(table)
+            bar.update(len(ids))
+    finally:
+        bar.close()
+    return kept, sum(spent)
+
+
+def assemble(plan: AnalysisPlan, wiring: Wiring, table: pd.DataFrame | RowsOnDisk, timings: dict) -> AnalysisResult:
+    """The :class:`AnalysisResult`: the rows in key order (or on disk, already in that order) and
+    the accumulators' tables."""
+    rows = table
+    if isinstance(table, pd.DataFrame):
+        order = {name: i for i, name in enumerate(plan.settings.rank_by)}
+        table = table.sort_values(
+            ROW_ORDER, key=lambda c: c.map(order) if c.name == "rank_by" else c, kind="stable"
+        ).reset_index(drop=True)
+        rows = table
+    extra = wiring.diagnostics.tables().as_dict() if wiring.diagnostics is not None else {}
+    if wiring.taxonomy is not None:
+        extra["regime_features"] = wiring.taxonomy.features()
+    return AnalysisResult(
+        rows=rows, model=plan.info, config=plan.config(), tokens=plan.tokens, timings=timings, **extra
+    )

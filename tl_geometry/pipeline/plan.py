@@ -1,0 +1,119 @@
+"""``plan_analysis``: a model, its windows and the settings checked against both, before any forward pass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tl_geometry.capture.hooks import model_device
+from tl_geometry.corpus import as_corpus, corpus_tokens
+from tl_geometry.errors import InputError
+from tl_geometry.io.store import run_identity
+from tl_geometry.models import ModelInfo, describe_model, load_model
+from tl_geometry.pipeline.settings import AnalysisSettings
+
+
+def place_model(model: Any, device: str | torch.device | None) -> Any:
+    """``model`` loaded on ``device`` when given by name; a model object checked to be on ``device``.
+
+    Examples
+    --------
+    >>> place_model("smollm2-135m", "nowhere")
+    Traceback (most recent call last):
+    ...
+    tl_geometry.errors.InputError: device='nowhere' is not a torch device: use 'cpu', 'cuda', 'cuda:1', 'mps'...
+    """
+    if device is None:
+        return model
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InputError(f"device={device!r} is not a torch device: use 'cpu', 'cuda', 'cuda:1', 'mps'...") from None
+    if isinstance(model, str):
+        return load_model(model, device=target)
+    here = model_device(model)
+    if here.type != target.type or (target.index is not None and here.index != target.index):
+        raise InputError(
+            f"the model is on {here} but device={str(target)!r}: move it first (model.to({str(target)!r})) "
+            "or pass the model by name to load it there"
+        )
+    return model
+
+
+@dataclass(frozen=True)
+class AnalysisPlan:
+    """A checked analysis, ready to run: the model, its windows and the settings resolved against them.
+
+    Made by :func:`plan_analysis`; :func:`run_analysis` runs it.
+
+    Attributes
+    ----------
+    model : the TransformerLens model.
+    info : its :class:`ModelInfo`.
+    settings : the :class:`~tl_geometry.pipeline.settings.AnalysisSettings`.
+    corpus_name : the corpus's name (recorded in ``config``).
+    tokens : int64 tensor [n_seqs, seq_len], the windows.
+    layers : the layers to analyse, sorted.
+    queries : the query positions, sorted, non-negative.
+    """
+
+    model: Any
+    info: ModelInfo
+    settings: AnalysisSettings
+    corpus_name: str
+    tokens: Tensor = field(repr=False)
+    layers: list[int]
+    queries: tuple[int, ...]
+
+    def config(self) -> dict:
+        """``AnalysisResult.config``: corpus, geometry of the windows and the settings as used."""
+        s = self.settings
+        return {
+            "corpus": self.corpus_name,
+            "n_seqs": int(self.tokens.shape[0]),
+            "seq_len": int(self.tokens.shape[1]),
+            "ns": s.ns if isinstance(s.ns, str) else list(s.ns),
+            "query_positions": list(self.queries),
+            "layers": list(self.layers),
+            "dtype": str(s.dtype),
+            "bounds": {"kappa": s.kappa, "rho": str(s.rho)} if s.bounds else None,
+            "diagnostics": {"k_max": s.k_max} if s.diagnostics else None,
+            "taxonomy": s.taxonomy,
+            "rank_by": list(s.rank_by),
+            "distance": s.distance,
+            "n_random": s.n_random if s.random_control else None,
+            "seed": s.seed if s.random_control else None,
+        }
+
+    def identity(self) -> dict[str, Any]:
+        """What a saved run must share to be resumed (see :func:`tl_geometry.io.store.run_identity`)."""
+        return run_identity(self.model, self.info, self.tokens, self.settings.identity())
+
+
+def plan_analysis(model: Any, corpus: Any, settings: AnalysisSettings) -> AnalysisPlan:
+    """Load the model (when given by name), cut the corpus into windows and check every setting
+    against both; raises :class:`InputError` / :class:`ModelError` before any forward pass.
+
+    Parameters
+    ----------
+    model : TransformerBridge, HookedTransformer or str
+        As for :func:`analyze`.
+    corpus : Corpus, TokenCorpus, str, list of str, or int tensor [n_seqs, seq_len]
+        As for :func:`analyze`.
+    settings : AnalysisSettings
+        Already checked on their own (at construction).
+    """
+    model = load_model(model) if isinstance(model, str) else model
+    info = describe_model(model)
+    corpus = as_corpus(corpus, default_seq_len=min(512, info.n_ctx))
+    if corpus.seq_len > info.n_ctx:
+        raise InputError(
+            f"seq_len={corpus.seq_len} is longer than the model's context of {info.n_ctx} tokens; "
+            f"use seq_len <= {info.n_ctx}"
+        )
+    layers, queries = settings.resolve(info.n_layers, corpus.seq_len)
+    tokens = corpus_tokens(model, corpus, info)
+    return AnalysisPlan(model, info, settings, corpus.name, tokens, layers, queries)
