@@ -140,7 +140,7 @@ def main() -> None:
         ab_corpus = tlg.corpus.python_docs(n_seqs=args.ablation_seqs, seq_len=args.ablation_len)
         ab_tokens = tlg.corpus_tokens(model, ab_corpus, info)
         t0 = time.perf_counter()
-        ablation = tlg.patching.mean_ablation(model, ab_tokens)
+        ablation = tlg.intervention.patching.mean_ablation(model, ab_tokens)
         print(
             f"\n== mean-ablation of each head: {tuple(ab_tokens.shape)} tokens, "
             f"{time.perf_counter() - t0:.0f} s; clean loss {ablation.loss_clean.iloc[0]:.4f} nats =="

@@ -8,6 +8,7 @@ import torch
 from conftest import build, model_kinds
 
 import tl_geometry as tlg
+import tl_geometry.models
 from tl_geometry.capture.hooks import values_per_head
 from tl_geometry.models import hook_pattern_name, hook_v_name
 
@@ -62,7 +63,7 @@ def test_gqa_mapping_equals_repeat_interleave(llama_bridge) -> None:
     expected = v.repeat_interleave(2, dim=2).permute(0, 2, 1, 3)
     assert torch.equal(values_per_head(v, info.kv_head_of()), expected)
     # a 3:1 grouping as in SmolLM2 (9 query heads, 3 key/value heads)
-    assert tlg.kv_head_index(9, 3).tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert tl_geometry.models.kv_head_index(9, 3).tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
 
 
 def test_results_do_not_depend_on_batch_size(llama_bridge) -> None:
@@ -129,7 +130,7 @@ def test_diagnostics_tables_match_the_observer_run_by_hand(llama_bridge) -> None
     corpus = tlg.corpus.from_texts(TEXT, n_seqs=3, seq_len=24)
     result = tlg.analyze(llama_bridge, corpus, diagnostics=True, k_max=5, progress=False)
     info = tlg.describe_model(llama_bridge)
-    by_hand = tlg.DiagnosticsObserver(info, k_max=5)
+    by_hand = tlg.diagnostics.DiagnosticsObserver(info, k_max=5)
     run_streaming(llama_bridge, info, result.tokens, torch.arange(3), [0, 1], (23,), [by_hand])
     tables = by_hand.tables()
     assert sorted(result.value_norms.layer.unique()) == [0, 1]
@@ -139,7 +140,7 @@ def test_diagnostics_tables_match_the_observer_run_by_hand(llama_bridge) -> None
 
 
 def test_bounds_columns_match_the_raw_function(llama_bridge) -> None:
-    """analyze(bounds=True) adds, row by row, what tlg.bounds gives on the same tensors."""
+    """analyze(bounds=True) adds, row by row, what tlg.theory.bounds gives on the same tensors."""
     corpus = tlg.corpus.from_texts(TEXT, n_seqs=2, seq_len=20)
     result = tlg.analyze(llama_bridge, corpus, ns=[1, 2, 5, 20], bounds=True, kappa=2.0, progress=False)
     table = result.separability
@@ -147,7 +148,7 @@ def test_bounds_columns_match_the_raw_function(llama_bridge) -> None:
     _, cache = llama_bridge.run_with_cache(result.tokens)
     v = values_per_head(cache[hook_v_name(1)], info.kv_head_of())
     w = cache[hook_pattern_name(1)][:, :, -1, :]
-    expected = tlg.bounds(w, v, ns=[1, 2, 5, 20], kappa=2.0)
+    expected = tlg.theory.bounds(w, v, ns=[1, 2, 5, 20], kappa=2.0)
     got = table[table.layer == 1].sort_values(["seq", "head", "n"])
     for column in ("precision_lower", "recall_upper", "delta", "scale"):
         torch.testing.assert_close(

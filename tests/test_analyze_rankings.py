@@ -10,7 +10,7 @@ from conftest import build
 
 import tl_geometry as tlg
 import tl_geometry.pipeline.plan
-from tl_geometry import cli
+from tl_geometry.cli import main as cli
 from tl_geometry.core.rankings import row_keys
 from tl_geometry.errors import InputError
 from tl_geometry.models import hook_pattern_name, hook_v_name
@@ -77,7 +77,7 @@ def test_attention_rows_equal_an_attention_only_run_and_consumers_read_them(mode
     pd.testing.assert_frame_equal(att, one.separability)
     pd.testing.assert_frame_equal(two.mean_by_n(), one.mean_by_n())
     pd.testing.assert_frame_equal(two.sink_effect(query_pos=23), one.sink_effect(query_pos=23))
-    fig_two, fig_one = tlg.plot.separability(two, query_pos=23), tlg.plot.separability(one, query_pos=23)
+    fig_two, fig_one = tlg.plot.separability_by_n(two, query_pos=23), tlg.plot.separability_by_n(one, query_pos=23)
     assert [list(t.y) for t in fig_two.data] == [list(t.y) for t in fig_one.data]
     pd.testing.assert_frame_equal(two.classify_heads(query_pos=23), one.classify_heads(query_pos=23))
 

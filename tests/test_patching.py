@@ -25,7 +25,7 @@ def _metric(logits: torch.Tensor) -> torch.Tensor:
 def test_head_out_equals_patching_each_head_by_hand(kind, one_thread) -> None:
     model = build(kind)
     clean, corrupt = _tokens(0), _tokens(1)
-    effects = tlg.patching.head_out(model, clean, corrupt, _metric)
+    effects = tlg.intervention.patching.head_out(model, clean, corrupt, _metric)
     info = tlg.describe_model(model)
     assert list(effects.columns) == ["layer", "head", "effect"] and len(effects) == info.n_layers * info.n_heads
     _, cache = model.run_with_cache(clean)
@@ -43,16 +43,16 @@ def test_head_out_equals_patching_each_head_by_hand(kind, one_thread) -> None:
 
 def test_head_out_rejects_bad_tokens_before_running(llama_bridge) -> None:
     with pytest.raises(InputError, match="same shape"):
-        tlg.patching.head_out(llama_bridge, _tokens(0), _tokens(1, (2, 7)), _metric)
+        tlg.intervention.patching.head_out(llama_bridge, _tokens(0), _tokens(1, (2, 7)), _metric)
     with pytest.raises(InputError, match="integer tensor"):
-        tlg.patching.head_out(llama_bridge, _tokens(0).float(), _tokens(1), _metric)
+        tlg.intervention.patching.head_out(llama_bridge, _tokens(0).float(), _tokens(1), _metric)
 
 
 @pytest.mark.parametrize("kind", model_kinds())
 def test_mean_ablation_equals_a_loop_reference(kind, one_thread) -> None:
     model = build(kind)
     tokens = _tokens(2, (3, 10))
-    table = tlg.patching.mean_ablation(model, tokens)
+    table = tlg.intervention.patching.mean_ablation(model, tokens)
 
     def loss(logits):  # mean -log p(next token), by gather
         logp = logits[:, :-1].double().log_softmax(-1)

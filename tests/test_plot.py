@@ -210,7 +210,7 @@ def test_attention_mass_without_a_fit_has_no_fit_trace(result) -> None:
 
 
 def test_separability_plots_the_mean_per_n_on_a_log_axis(result) -> None:
-    fig = tlp.separability(result)
+    fig = tlp.separability_by_n(result)
     assert _names(fig) == ["precision", "recall"]
     assert fig.layout.xaxis.type == "log"
     sep = result.separability
@@ -220,14 +220,14 @@ def test_separability_plots_the_mean_per_n_on_a_log_axis(result) -> None:
         assert _same(_y(trace), [sep.loc[sep.n == n, m].mean() for n in ns])
     # the curves are not flat: N = 1 is 1 by construction and some N in between is below 1
     assert _y(fig.data[0])[0] == 1.0 and _y(fig.data[0]).min() < 1.0
-    fig = tlp.separability(result.separability, metrics=["f_at_rmin"])
+    fig = tlp.separability_by_n(result.separability, metrics=["f_at_rmin"])
     assert _names(fig) == ["f_at_rmin"]
     with pytest.raises(InputError, match="unknown metrics"):
-        tlp.separability(result, metrics=["r_min"])
+        tlp.separability_by_n(result, metrics=["r_min"])
 
 
 def test_envelopes_two_panels_with_measured_upper_lower_and_kappa(result) -> None:
-    fig = tlp.envelopes(result)
+    fig = tlp.envelopes_by_n(result)
     assert len(fig.data) == 6
     assert "κ = 0.5" in fig.layout.title.text
     assert _names(fig)[:3] == ["mean precision", "upper envelope (κ = 0.5)", "lower envelope (κ = 0.5)"]
@@ -242,15 +242,15 @@ def test_envelopes_two_panels_with_measured_upper_lower_and_kappa(result) -> Non
     assert fig.data[1].line.dash == "dot" and fig.data[2].line.dash == "dash"  # the paper's styles
     assert fig.data[3].xaxis == "x2"  # recall on the right panel
     with pytest.raises(InputError, match="kappa=0.25"):
-        tlp.envelopes(result, kappa=0.25)
+        tlp.envelopes_by_n(result, kappa=0.25)
 
 
 def test_envelopes_states_the_kappa_it_was_given(result) -> None:
     table = result.separability.copy()
     table.attrs = {}
     with pytest.raises(InputError, match="pass kappa="):
-        tlp.envelopes(table)
-    assert "κ = 0.7" in tlp.envelopes(table, kappa=0.7).layout.title.text
+        tlp.envelopes_by_n(table)
+    assert "κ = 0.7" in tlp.envelopes_by_n(table, kappa=0.7).layout.title.text
 
 
 # ----------------------------------------------------------------------------- Fig. 6
@@ -444,11 +444,11 @@ def test_diagnostics_figures_say_which_option_they_need(bare, figure) -> None:
 
 def test_envelopes_without_bounds_say_which_option_they_need(bare) -> None:
     with pytest.raises(InputError, match=r"run tlg\.analyze\(\.\.\., bounds=True\)"):
-        tlp.envelopes(bare)
+        tlp.envelopes_by_n(bare)
 
 
 def test_figures_without_diagnostics_still_work_where_they_need_none(result, bare, heads) -> None:
-    assert _names(tlp.separability(bare)) == ["precision", "recall"]
+    assert _names(tlp.separability_by_n(bare)) == ["precision", "recall"]
     assert len(tlp.regime_pr(bare, heads).data) == 8
     # rho_0 of the taxonomy alone is enough for the sink effect
     taxonomy_only = dataclasses.replace(result, similarity=None, value_norms=None)

@@ -81,7 +81,7 @@ def test_bad_input_is_one_clear_error(planted) -> None:
 
 def test_cluster_plane_is_the_first_two_principal_components(planted) -> None:
     clusters = tlg.regime_clusters(planted, k=[2, 3])
-    fig = tlg.plot.regime_clusters(clusters)
+    fig = tlg.plot.cluster_scatter(clusters)
     assert sum(len(t.x) for t in fig.data) == 30
     # principal components by hand: SVD of the centred standardised features, up to each axis' sign
     x = clusters.standardized - clusters.standardized.mean(0)
@@ -102,4 +102,4 @@ def test_cluster_plane_is_the_first_two_principal_components(planted) -> None:
                                   & (clusters.labels.regime_strict.astype(str) == label)]  # fmt: skip
         assert len(members) == len(t.x)
     with pytest.raises(InputError, match="k=5"):
-        tlg.plot.regime_clusters(clusters, k=5)
+        tlg.plot.cluster_scatter(clusters, k=5)

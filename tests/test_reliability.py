@@ -16,7 +16,7 @@ import torch
 from conftest import tiny_llama_bridge
 
 import tl_geometry as tlg
-from tl_geometry import cli
+from tl_geometry.cli import main as cli
 from tl_geometry.diagnostics.decay_fit import fit_exponential_decay
 from tl_geometry.testing import byte_tokenizer
 
@@ -102,21 +102,27 @@ def test_diagnostics_accept_tensors_that_require_grad():
     values = torch.randn(2, 12, 2, 4, generator=gen, dtype=torch.float64)
     weights = torch.softmax(torch.randn(3, 12, generator=gen, dtype=torch.float64), -1)
     grad_v, grad_w = values.clone().requires_grad_(True), weights.clone().requires_grad_(True)
-    pd.testing.assert_frame_equal(tlg.value_norm_stats(grad_v).summary, tlg.value_norm_stats(values).summary)
-    pd.testing.assert_frame_equal(tlg.similarity_decay(grad_v, 4).summary, tlg.similarity_decay(values, 4).summary)
-    pd.testing.assert_frame_equal(tlg.fit_attention_profile(grad_w).summary, tlg.fit_attention_profile(weights).summary)
+    pd.testing.assert_frame_equal(
+        tlg.diagnostics.value_norm_stats(grad_v).summary, tlg.diagnostics.value_norm_stats(values).summary
+    )
+    pd.testing.assert_frame_equal(
+        tlg.diagnostics.similarity_decay(grad_v, 4).summary, tlg.diagnostics.similarity_decay(values, 4).summary
+    )
+    pd.testing.assert_frame_equal(
+        tlg.diagnostics.fit_attention_profile(grad_w).summary, tlg.diagnostics.fit_attention_profile(weights).summary
+    )
 
 
 def test_profile_of_zero_keys_is_a_clear_error():
     with pytest.raises(tlg.InputError, match="at least one key"):
-        tlg.fit_attention_profile(torch.zeros(3, 0))
+        tlg.diagnostics.fit_attention_profile(torch.zeros(3, 0))
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 def test_non_finite_values_are_refused_like_separability(bad):
     values = torch.randn(2, 12, 2, 4)
     values[1, 5, 0, 2] = bad
-    for diagnostic in (tlg.value_norm_stats, tlg.similarity_decay):
+    for diagnostic in (tlg.diagnostics.value_norm_stats, tlg.diagnostics.similarity_decay):
         with pytest.raises(tlg.InputError, match="value vectors contain NaN or inf"):
             diagnostic(values)
 

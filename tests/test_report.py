@@ -1,4 +1,4 @@
-"""The head grid (tl_geometry.vis) and the HTML report (tl_geometry.report), without a browser.
+"""The head grid (tl_geometry.plot.circuitsvis_grid) and the HTML report (tl_geometry.report), without a browser.
 
 The page must be self-contained: no script / link / img / iframe with a remote src or href, plotly.js
 inlined exactly once, circuitsvis' script inline in the head grid (never its CDN).
@@ -23,9 +23,9 @@ from circuitsvis.utils.render import RenderedHTML
 import tl_geometry as tlg
 from tl_geometry.errors import InputError
 from tl_geometry.models import hook_pattern_name
+from tl_geometry.plot.circuitsvis_grid import HeadGrid, head_grid, head_grid_html
 from tl_geometry.report import PLOTLYJS_ID, ReportFigure, build_report, default_figures
 from tl_geometry.report.figures import as_report_figures, guess_section
-from tl_geometry.vis import HeadGrid, head_grid, head_grid_html
 
 TEXT = ["The quick brown fox jumps over the lazy dog. " * 6, "Attention is a weighting of values. " * 6]
 GRID_TEXT = "def f(x):\n    return x  # </script> <!-- tag"
@@ -363,7 +363,7 @@ def test_default_figures_with_the_real_plot_module(result) -> None:
     for f in figs:
         assert f.available or (f.note or "").startswith("not available: "), f
     drawn = {f.source for f in figs if f.available}
-    assert "tl_geometry.plot.separability" in drawn and "tl_geometry.plot.envelopes" in drawn
+    assert "tl_geometry.plot.separability_by_n" in drawn and "tl_geometry.plot.envelopes_by_n" in drawn
     sections = {f.source: f.section for f in figs}
     assert sections.get("tl_geometry.plot.norms_by_position") == "diagnostics"
     assert sections.get("tl_geometry.plot.regimes_by_layer") == "taxonomy"

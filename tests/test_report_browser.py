@@ -36,8 +36,8 @@ import plotly.graph_objects as go
 import pytest
 
 import tl_geometry as tlg
+from tl_geometry.plot.circuitsvis_grid import head_grid
 from tl_geometry.report import build_report, default_figures
-from tl_geometry.vis import head_grid
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "test-artifacts"

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import tl_geometry as tlg
+from tl_geometry.plot.circuitsvis_grid import head_grid
 from tl_geometry.report import EFFECTS_FILE, build_report
-from tl_geometry.vis import head_grid
 
 TEXT = "def add(a, b):\n    return a + b\n\nclass Point:\n    x: int = 0\n    y: int = 0\n" * 4
 
@@ -42,7 +42,7 @@ def test_report_shows_both_modes_and_the_two_tests_of_the_regimes(result, tmp_pa
         taxonomy.count('class="plotly-graph-div"') + 1  # fmt: skip
     run = tmp_path / "run"
     result.save(run)
-    tlg.patching.effect_frame(effects, "delta_loss").to_parquet(run / EFFECTS_FILE)
+    tlg.intervention.patching.effect_frame(effects, "delta_loss").to_parquet(run / EFFECTS_FILE)
     from_dir = _section(build_report(run, run).read_text(encoding="utf-8"), "taxonomy")
     assert "pass effects=" not in from_dir and "delta_loss of each head" in from_dir
 
@@ -59,7 +59,7 @@ def test_head_grid_names_the_nearest_label_where_it_differs(llama_bridge) -> Non
 def test_cli_mean_ablation_feeds_the_effect_figure(tmp_path, capsys, monkeypatch) -> None:
     from conftest import tiny_llama_bridge
 
-    from tl_geometry import cli
+    from tl_geometry.cli import main as cli
 
     model = tiny_llama_bridge()
     monkeypatch.setattr(tlg, "load_model", lambda name, **kw: model)
@@ -67,7 +67,7 @@ def test_cli_mean_ablation_feeds_the_effect_figure(tmp_path, capsys, monkeypatch
     base = ["run", "--n-seqs", "2", "--seq-len", "24", "--no-progress", "--no-bounds", "--no-diagnostics"]
     assert cli.main(base + ["--out", str(out), "--mean-ablation"]) == 0
     effects = pd.read_parquet(out / EFFECTS_FILE)
-    want = tlg.patching.mean_ablation(model, tlg.load_result(out).tokens[:1, : cli.ABLATION_TOKENS])
+    want = tlg.intervention.patching.mean_ablation(model, tlg.load_result(out).tokens[:1, : cli.ABLATION_TOKENS])
     pd.testing.assert_frame_equal(effects, want)
     page = (out / "index.html").read_text(encoding="utf-8")
     assert "pass effects=" not in _section(page, "taxonomy")

@@ -122,8 +122,8 @@ def _batch(seqs: list[int], seed: int) -> LayerBatch:
 
 
 def test_every_observer_follows_the_protocol() -> None:
-    row_observers = [SeparabilityObserver(INFO, "log"), tlg.BoundsObserver(INFO, "log")]
-    accumulators = [tlg.DiagnosticsObserver(INFO, k_max=3), tlg.TaxonomyObserver(INFO, "log")]
+    row_observers = [SeparabilityObserver(INFO, "log"), tlg.theory.BoundsObserver(INFO, "log")]
+    accumulators = [tlg.diagnostics.DiagnosticsObserver(INFO, k_max=3), tlg.taxonomy.TaxonomyObserver(INFO, "log")]
     for obs in row_observers:
         assert isinstance(obs, RowObserver)
     for obs in accumulators:

@@ -100,7 +100,7 @@ def values_per_head(values: Float[Tensor, "batch key kv_head d_head"], kv_head_o
     return einops.rearrange(values.index_select(2, kv_head_of.to(values.device)), "b k h d -> b h k d")
 
 
-def _as_kv_values(values: Tensor, info: ModelInfo) -> Tensor:
+def as_kv_values(values: Tensor, info: ModelInfo) -> Tensor:
     """Bring ``hook_v`` to ``[batch, pos, kv_head, d_head]`` (some models give ``(head d)`` flattened)."""
     if values.ndim == 3:
         values = einops.rearrange(values, "b p (g d) -> b p g d", d=info.d_head)
@@ -168,7 +168,7 @@ def run_streaming(
 
     def make_v_hook(layer: int) -> Callable:
         def hook(values: Tensor, hook: Any) -> None:
-            pending_v[layer] = _as_kv_values(values.detach(), info)
+            pending_v[layer] = as_kv_values(values.detach(), info)
             deliver(layer)
 
         return hook

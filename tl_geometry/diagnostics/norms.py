@@ -179,7 +179,7 @@ def value_norm_stats(values: Float[Tensor, "batch key kv_head d_head"]) -> Value
     >>> _ = torch.manual_seed(0)
     >>> v = torch.randn(4, 128, 3, 64)                   # 4 sequences, 128 positions, 3 key/value heads
     >>> v[:, 0] *= 0.1                                   # a compressed sink
-    >>> stats = tlg.value_norm_stats(v)
+    >>> stats = tlg.diagnostics.value_norm_stats(v)
     >>> stats.summary[["kv_head", "sink_ratio", "norm_cv"]].round(2)   # norm_cv ~ 1/sqrt(2 * 64)
        kv_head  sink_ratio  norm_cv
     0        0         0.1     0.09

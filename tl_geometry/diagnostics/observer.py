@@ -110,7 +110,7 @@ class DiagnosticsObserver:
     >>> model = tiny_llama_bridge()                    # a real one: tlg.load_model("smollm2-135m")
     >>> info = tlg.describe_model(model)
     >>> tokens = torch.randint(3, 259, (8, 64))        # [n_seqs, L] token windows
-    >>> obs = tlg.DiagnosticsObserver(info, k_max=16)
+    >>> obs = tlg.diagnostics.DiagnosticsObserver(info, k_max=16)
     >>> for ids in torch.arange(len(tokens)).split(4):
     ...     run_streaming(model, info, tokens[ids], ids, range(info.n_layers), (tokens.shape[1] - 1,), [obs])
     >>> tables = obs.tables()

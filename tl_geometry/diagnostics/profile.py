@@ -212,7 +212,7 @@ def fit_attention_profile(
     >>> import torch, tl_geometry as tlg
     >>> _ = torch.manual_seed(0)
     >>> w = torch.softmax(torch.randn(8, 9, 512), dim=-1)      # 8 sequences, 9 heads, no structure
-    >>> fit = tlg.fit_attention_profile(w)
+    >>> fit = tlg.diagnostics.fit_attention_profile(w)
     >>> fit.summary[["T1", "T2", "fit_ok"]].drop_duplicates()  # one plateau over every key, in every head
         T1   T2  fit_ok
     0  511  511    True

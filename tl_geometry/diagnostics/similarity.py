@@ -230,7 +230,7 @@ def similarity_decay(
     >>> import torch, tl_geometry as tlg
     >>> _ = torch.manual_seed(0)
     >>> v = torch.randn(2, 256, 1, 512)            # independent directions: c(k) ~ 0
-    >>> res = tlg.similarity_decay(v, k_max=32)
+    >>> res = tlg.diagnostics.similarity_decay(v, k_max=32)
     >>> res.summary[["mae", "share_negative"]].round(2)   # half the cosines negative
        mae  share_negative
     0  0.0             0.5

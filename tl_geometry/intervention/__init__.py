@@ -4,9 +4,11 @@
 * :func:`sparsification_curve` — ``delta_nll_rel(N)`` by ranking and renormalisation, with
   :meth:`SparsificationCurve.effective_set_size` (``N*_tau``);
 * :func:`localized_loss` — one layer or one head restricted at a time;
-* :func:`geometry_vs_function` — Spearman's ``rho`` between separability and loss.
+* :func:`geometry_vs_function` — Spearman's ``rho`` between separability and loss;
+* :mod:`~tl_geometry.intervention.patching` — TransformerLens activation patching and mean ablation per head.
 """
 
+from tl_geometry.intervention import patching
 from tl_geometry.intervention.context import TopNAttention, top_n_attention
 from tl_geometry.intervention.curve import SparsificationCurve, load_curve, sparsification_curve
 from tl_geometry.intervention.function import geometry_vs_function
@@ -19,6 +21,7 @@ __all__ = [
     "geometry_vs_function",
     "load_curve",
     "localized_loss",
+    "patching",
     "restrict_pattern",
     "sparsification_curve",
     "top_n_attention",

@@ -24,7 +24,7 @@ import einops
 import torch
 from torch import Tensor
 
-from tl_geometry.capture.hooks import _as_kv_values, model_device
+from tl_geometry.capture.hooks import as_kv_values, model_device
 from tl_geometry.core.checks import is_integer
 from tl_geometry.core.rankings import check_rank_by, check_seed, ranking_scores, row_keys
 from tl_geometry.errors import InputError, ModelError
@@ -129,7 +129,7 @@ class TopNAttention:
     # -- hooks
     def _v_hook(self, layer: int):
         def hook(values: Tensor, hook: Any) -> None:
-            self._values[layer] = _as_kv_values(values.detach(), self.info)
+            self._values[layer] = as_kv_values(values.detach(), self.info)
 
         return hook
 
@@ -218,7 +218,7 @@ def check_pattern_edits_honoured(model: Any, info: ModelInfo) -> None:
             )
         if z.ndim == 3:
             z = einops.rearrange(z, "b p (h d) -> b p h d", d=info.d_head)
-        expected = _as_kv_values(v, info)[:, :, kv_of.to(v.device)]  # [b, pos, head, d_head]
+        expected = as_kv_values(v, info)[:, :, kv_of.to(v.device)]  # [b, pos, head, d_head]
         if not torch.allclose(z.float(), expected.float(), rtol=1e-4, atol=1e-5):
             raise ModelError(
                 f"layer {layer} ignores edits of hook_pattern (its attention runs in a native kernel): the top-N "

@@ -11,8 +11,8 @@ function                          needs                                        p
 :func:`mae_histogram`             ``analyze(..., diagnostics=True)``           Fig. 3
 :func:`similarity_curves`         ``analyze(..., diagnostics=True)``           Fig. 3 (data)
 :func:`attention_mass`            ``analyze(..., diagnostics=True)``           Fig. 4
-:func:`separability`              any ``analyze``                              Fig. 5
-:func:`envelopes`                 ``analyze(..., bounds=True)``                Fig. 5
+:func:`separability_by_n`         any ``analyze``                              Fig. 5
+:func:`envelopes_by_n`            ``analyze(..., bounds=True)``                Fig. 5
 :func:`separability_by_ranking`   ``analyze(..., rank_by=(..., "random"))``    —
 :func:`sink_correlation`          ``taxonomy=True`` or ``diagnostics=True``    Fig. 6
 :func:`regime_diagnostics`        ``taxonomy=True`` + ``classify_heads``       Fig. 7
@@ -21,7 +21,7 @@ function                          needs                                        p
 :func:`contributions_from_model`  a model and token windows                    Fig. 10
 :func:`regime_pr`                 ``taxonomy=True`` + ``classify_heads``       Fig. 11
 :func:`head_heatmap`              any per-head table                           —
-:func:`regime_clusters`           ``tlg.regime_clusters(result)``              —
+:func:`cluster_scatter`           ``tlg.regime_clusters(result)``              —
 :func:`effect_by_regime`          ``tlg.join_heads(effects, heads)``           —
 :func:`loss_curve`                ``tlg.sparsification_curve``                 follow-up (b)
 :func:`geometry_vs_loss`          ``analyze`` + ``sparsification_curve``       follow-up (c)
@@ -32,7 +32,11 @@ A figure whose table is missing raises :class:`tl_geometry.InputError` saying wh
 ``analyze`` produces it. See ``docs/figures.md`` for how to read each figure.
 """
 
+from typing import Any
+
+from tl_geometry.moved import RENAMED_FIGURES, warn_moved
 from tl_geometry.plot.attention import attention_mass
+from tl_geometry.plot.circuitsvis_grid import HeadGrid, head_grid, head_grid_html
 from tl_geometry.plot.colors import METRIC_COLORS, REGIME_COLORS, REGIME_ORDER
 from tl_geometry.plot.contributions import contribution_points, contributions_from_model, contributions_scatter
 from tl_geometry.plot.heatmap import head_heatmap, head_values
@@ -40,11 +44,20 @@ from tl_geometry.plot.norms import norm_cv_histogram, norms_by_position
 from tl_geometry.plot.rankings import RANKING_COLORS, separability_by_ranking
 from tl_geometry.plot.regime_curves import example_heads, regime_diagnostics
 from tl_geometry.plot.regime_summaries import regime_pr, regimes_by_layer
-from tl_geometry.plot.regime_tests import REGIME_SYMBOLS, effect_by_regime, regime_clusters
-from tl_geometry.plot.selection import envelopes, separability
+from tl_geometry.plot.regime_tests import REGIME_SYMBOLS, cluster_scatter, effect_by_regime
+from tl_geometry.plot.selection import envelopes_by_n, separability_by_n
 from tl_geometry.plot.similarity import mae_histogram, similarity_curves
 from tl_geometry.plot.sink import sink_correlation
 from tl_geometry.plot.sparsification import geometry_vs_loss, localized_loss_map, loss_curve
+
+
+def __getattr__(name: str) -> Any:
+    new = RENAMED_FIGURES.get(name)
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warn_moved(f"{__name__}.{name}", f"{__name__}.{new}")
+    return globals()[new]
+
 
 #: In the paper's figure order (a report lists the figures in this order), then helpers and constants.
 __all__ = [
@@ -53,8 +66,8 @@ __all__ = [
     "mae_histogram",
     "similarity_curves",
     "attention_mass",
-    "separability",
-    "envelopes",
+    "separability_by_n",
+    "envelopes_by_n",
     "separability_by_ranking",
     "RANKING_COLORS",
     "sink_correlation",
@@ -64,11 +77,14 @@ __all__ = [
     "contributions_from_model",
     "regime_pr",
     "head_heatmap",
-    "regime_clusters",
+    "cluster_scatter",
     "effect_by_regime",
     "loss_curve",
     "geometry_vs_loss",
     "localized_loss_map",
+    "head_grid",
+    "head_grid_html",
+    "HeadGrid",
     "contribution_points",
     "example_heads",
     "head_values",

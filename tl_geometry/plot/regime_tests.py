@@ -17,7 +17,7 @@ REGIME_SYMBOLS = {"Retriever": "circle", "Mixer": "diamond", "Reset": "square", 
 _CLUSTER_COLORS = ("#E69F00", "#56B4E9", "#CC79A7", "#F0E442", "#0072B2", "#D55E00", "#009E73", "#000000")
 
 
-def regime_clusters(clusters: Any, *, k: int = 3, mode: str = "strict") -> go.Figure:
+def cluster_scatter(clusters: Any, *, k: int = 3, mode: str = "strict") -> go.Figure:
     """The heads in the plane of the first two principal components, coloured by k-means cluster, marked by rule label.
 
     Parameters

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 _METRICS = ("precision", "recall", "f_at_rmax", "f_at_rmin")
 
 
-def separability(
+def separability_by_n(
     result: AnalysisResult | pd.DataFrame,
     metrics: Sequence[str] = ("precision", "recall"),
     *,
@@ -63,7 +63,7 @@ def separability(
     return base_layout(fig, title, N_AXIS, "mean over sequences, layers and heads (share, 0–1)", log_x=True)
 
 
-def envelopes(
+def envelopes_by_n(
     result: AnalysisResult | pd.DataFrame, *, query_pos: int | None = None, kappa: float | None = None
 ) -> go.Figure:
     """Mean precision (left) and recall (right) over ``N`` with the mean theoretical envelopes (Fig. 5).

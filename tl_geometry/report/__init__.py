@@ -3,7 +3,7 @@
 ::
 
     from tl_geometry.report import build_report
-    from tl_geometry.vis import head_grid_html
+    from tl_geometry.plot.circuitsvis_grid import head_grid_html
 
     result.save("runs/x")
     (Path("runs/x") / "head_grid.html").write_text(head_grid_html(model, text, heads))

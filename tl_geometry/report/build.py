@@ -58,7 +58,7 @@ def build_report(
     result_or_dir : AnalysisResult, or a directory written by ``result.save(dir)``
         A directory is read with :func:`tl_geometry.load_result` (no model needed). If it also
         holds ``run.json`` (written by ``tl-geometry run``) its package versions and timings
-        go in the header; ``head_grid.html`` (a :func:`tl_geometry.vis.head_grid_html` fragment)
+        go in the header; ``head_grid.html`` (a :func:`tl_geometry.plot.circuitsvis_grid.head_grid_html` fragment)
         is the head grid unless ``head_grid_html`` is given; ``heads.parquet`` (the
         ``classify_heads`` table) is the head table unless ``heads`` is given.
     out_dir : str or Path
@@ -70,15 +70,15 @@ def build_report(
         title when left out). Default: :func:`default_figures` (every ``tl_geometry.plot`` figure
         that can be drawn; the others listed as not available).
     head_grid_html : str or HeadGrid, optional
-        The head grid: a fragment from :func:`tl_geometry.vis.head_grid_html`, or a
-        :class:`~tl_geometry.vis.HeadGrid`. Must not load anything remote.
+        The head grid: a fragment from :func:`tl_geometry.plot.circuitsvis_grid.head_grid_html`, or a
+        :class:`~tl_geometry.plot.circuitsvis_grid.HeadGrid`. Must not load anything remote.
     heads : DataFrame, optional
         The head table (:func:`tl_geometry.taxonomy.classify_heads`); else ``heads.parquet`` of the
         directory, else ``classify_heads(result)`` when the result holds the taxonomy features
         (else the taxonomy section says what to run). The section shows the strict labels and,
         where the table has them, the nearest ones.
     effects : DataFrame or [n_layers, n_heads] tensor, optional
-        Per-head effects (:func:`tl_geometry.patching.head_out`, :func:`~tl_geometry.patching.
+        Per-head effects (:func:`tl_geometry.intervention.patching.head_out`, :func:`~tl_geometry.intervention.patching.
         mean_ablation`, the localised loss) for the effect-by-regime figure; else
         ``head_effects.parquet`` of the directory. With the default figures the taxonomy section
         also shows the k-means clusters of the heads (:func:`tl_geometry.regime_clusters`).
@@ -178,7 +178,7 @@ def _sections(
         available = summary.available if summary is not None else True
         nav.append((key, label, available or any(f.available for f in by_section[key])))
     grid_why = (
-        "not available: pass head_grid_html=tl_geometry.vis.head_grid_html(model, text, heads) "
+        "not available: pass head_grid_html=tl_geometry.plot.circuitsvis_grid.head_grid_html(model, text, heads) "
         f"(or put that fragment in {HEAD_GRID_FILE} beside the saved result); it needs the model"
     )
     sections.append(head_grid_section(fragment, grid_why))
@@ -197,7 +197,7 @@ def _fragment(head_grid_html: Any) -> str | None:
         text = head_grid_html
     else:
         raise InputError(
-            f"head_grid_html must be the str of tl_geometry.vis.head_grid_html(...) or a HeadGrid, "
+            f"head_grid_html must be the str of tl_geometry.plot.circuitsvis_grid.head_grid_html(...) or a HeadGrid, "
             f"got {type(head_grid_html).__name__}"
         )
     if not text.strip():
@@ -207,7 +207,7 @@ def _fragment(head_grid_html: Any) -> str | None:
         check_self_contained(text, "the head grid")
     except ValueError as exc:
         raise InputError(
-            f"{exc}: use tl_geometry.vis.head_grid_html (circuitsvis' local_src), not str(RenderedHTML) "
+            f"{exc}: use tl_geometry.plot.circuitsvis_grid.head_grid_html (circuitsvis' local_src), not str(RenderedHTML) "
             "which loads circuitsvis from a CDN"
         ) from None
     return text

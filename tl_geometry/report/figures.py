@@ -132,8 +132,8 @@ class _Known:
 #: The figures of ``tl_geometry.plot`` in page order (the paper's figure order within a section).
 #: Functions not listed here are still drawn when their signature allows (section guessed).
 KNOWN_FIGURES = (
-    _Known("separability", "separability", "Separability by N (Fig. 5)"),
-    _Known("envelopes", "envelopes", "Measured separability inside the envelopes (Fig. 5)"),
+    _Known("separability_by_n", "separability", "Separability by N (Fig. 5)"),
+    _Known("envelopes_by_n", "envelopes", "Measured separability inside the envelopes (Fig. 5)"),
     _Known("norms_by_position", "diagnostics", "Value norms by position (Fig. 2, left)"),
     _Known("norm_cv_histogram", "diagnostics", "Spread of the non-sink value norms (Fig. 2, right)"),
     _Known("similarity_curves", "diagnostics", "Cosine similarity by lag and its exponential fit (Fig. 3)"),
@@ -271,10 +271,10 @@ def regime_test_figures(result: Any, heads: Any, effects: Any = None) -> list[Re
 
     out = []
     clusters_title = "Are the regimes real? k-means clusters of the heads"
-    clusters_source = "tl_geometry.plot.regime_clusters"
+    clusters_source = "tl_geometry.plot.cluster_scatter"
     try:
         clusters = regime_clusters(result, k=range(2, 7), seed=0)
-        out.append(ReportFigure(clusters_title, _summary_line(plot.regime_clusters), plot.regime_clusters(clusters),
+        out.append(ReportFigure(clusters_title, _summary_line(plot.cluster_scatter), plot.cluster_scatter(clusters),
                                 "taxonomy", source=clusters_source))  # fmt: skip
     except InputError as exc:
         out.append(
@@ -283,7 +283,7 @@ def regime_test_figures(result: Any, heads: Any, effects: Any = None) -> list[Re
     effect_title = "Do the regimes differ in function? Per-head effect by regime"
     effect_source = "tl_geometry.plot.effect_by_regime"
     if effects is None or heads is None:
-        note = ("not available: pass effects= (tlg.patching.head_out(...), tlg.patching.mean_ablation(model, tokens) "
+        note = ("not available: pass effects= (tlg.intervention.patching.head_out(...), tlg.intervention.patching.mean_ablation(model, tokens) "
                 "or the localised loss) and a heads table, or run `tl-geometry run --mean-ablation`")  # fmt: skip
         out.append(ReportFigure(effect_title, "", None, "taxonomy", note=note, source=effect_source))
         return out

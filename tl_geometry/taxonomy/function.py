@@ -33,7 +33,7 @@ def _per_head(effects: Any, value: str | None) -> tuple[pd.DataFrame, str]:
         return effect_frame(effects, name), name
     if not isinstance(effects, pd.DataFrame) or set(JOIN_KEYS) - set(effects.columns):
         raise InputError(
-            "effects must be a DataFrame with layer and head columns (tlg.patching.head_out, tlg.patching."
+            "effects must be a DataFrame with layer and head columns (tlg.intervention.patching.head_out, tlg.intervention.patching."
             "mean_ablation, the localised loss) or a [n_layers, n_heads] tensor"
         )
     frame = effects
@@ -174,7 +174,7 @@ def regime_function(
     result : AnalysisResult (``taxonomy=True``) or anything :func:`classify_heads` takes; may be
         None when ``heads`` is given.
     local : per-head frame or ``[n_layers, n_heads]`` tensor: :func:`tl_geometry.localized_loss`
-        (``unit="head"``, ``delta_nll_rel``), :func:`tl_geometry.patching.mean_ablation`
+        (``unit="head"``, ``delta_nll_rel``), :func:`tl_geometry.intervention.patching.mean_ablation`
         (``delta_loss``), patching effects.
     heads : the labels (default: ``classify_heads(result, mode=mode)``).
     mode : which labels group the heads (``regime_<mode>``).

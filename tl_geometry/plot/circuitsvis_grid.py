@@ -4,7 +4,7 @@
 
     import tl_geometry as tlg
     from tl_geometry.taxonomy import classify_heads
-    from tl_geometry.vis import head_grid, head_grid_html
+    from tl_geometry.plot.circuitsvis_grid import head_grid, head_grid_html
 
     heads = classify_heads(result)                          # regime per (layer, head), optional
     head_grid(model, "def f(x):\\n    return x", heads)      # renders inline in a notebook

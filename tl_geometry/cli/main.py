@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--n-random", type=int, default=16, help="random draws per row of the random control (default 16)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random control (default 0)")
     add_out_options(run, "runs/default", "run")
-    from tl_geometry.cli_sparsify import add_parser as add_sparsify_parser
+    from tl_geometry.cli.sparsify import add_parser as add_sparsify_parser
 
     add_sparsify_parser(sub)
     report = sub.add_parser("report", help="rebuild DIR/index.html from the results saved in DIR")
@@ -314,8 +314,8 @@ def _run_command(args, settings, device, out: Path, corpus, world: World | None)
     from tl_geometry.io.store import StoreError
     from tl_geometry.pipeline.loop import run_analysis
     from tl_geometry.pipeline.plan import plan_analysis
+    from tl_geometry.plot.circuitsvis_grid import head_grid_html
     from tl_geometry.report import EFFECTS_FILE, build_report
-    from tl_geometry.vis import head_grid_html
 
     t0 = time.perf_counter()
     print(f"loading {args.model} ...", file=sys.stderr)
@@ -355,7 +355,7 @@ def _run_command(args, settings, device, out: Path, corpus, world: World | None)
         grid = head_grid_html(model, result.tokens[0, :GRID_TOKENS], heads, max_heads=GRID_HEADS)
     (out / "head_grid.html").write_text(grid, encoding="utf-8")
     if args.mean_ablation:
-        effects = tlg.patching.mean_ablation(model, result.tokens[:1, :ABLATION_TOKENS])
+        effects = tlg.intervention.patching.mean_ablation(model, result.tokens[:1, :ABLATION_TOKENS])
         effects.to_parquet(out / EFFECTS_FILE, index=False)
     versions = installed_versions()
     run_info = {
@@ -468,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return run_command(args)
         if args.command == "sparsify":
-            from tl_geometry.cli_sparsify import sparsify_command
+            from tl_geometry.cli.sparsify import sparsify_command
 
             return sparsify_command(args)
         return report_command(args)

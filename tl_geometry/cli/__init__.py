@@ -1,0 +1,5 @@
+"""The ``tl-geometry`` command line: ``run``, ``sparsify`` and ``report`` (``tl-geometry --help``)."""
+
+from tl_geometry.cli.main import main
+
+__all__ = ["main"]
