@@ -266,7 +266,7 @@ def regime_test_figures(result: Any, heads: Any, effects: Any = None) -> list[Re
     """The two tests of the regimes (definitions §5): the cluster plane and, given per-head
     ``effects`` (patching, mean-ablation, localised loss), the effect by regime; each listed as
     not available, with what to run, when it cannot be drawn."""
-    from tl_geometry import plot
+    import tl_geometry.plot as plot
     from tl_geometry.taxonomy import join_heads, regime_clusters
 
     out = []
