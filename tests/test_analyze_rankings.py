@@ -9,8 +9,8 @@ import torch
 from conftest import build
 
 import tl_geometry as tlg
+import tl_geometry.cli.app as cli
 import tl_geometry.pipeline.plan
-from tl_geometry.cli import main as cli
 from tl_geometry.core.rankings import row_keys
 from tl_geometry.errors import InputError
 from tl_geometry.models import hook_pattern_name, hook_v_name

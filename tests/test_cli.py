@@ -12,7 +12,7 @@ import pytest
 from conftest import tiny_llama_bridge
 
 import tl_geometry as tlg
-from tl_geometry.cli import main as cli
+import tl_geometry.cli.app as cli
 
 
 @pytest.fixture()
@@ -32,7 +32,7 @@ def run(argv: list[str], capsys) -> tuple[int, str, str]:
 def test_unknown_model_offline_is_one_line_and_exit_2(tmp_path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "tl_geometry.cli.main", "run", "--model", "no-such-model-xyz", "--out", str(tmp_path / "o")],
+        [sys.executable, "-m", "tl_geometry.cli.app", "run", "--model", "no-such-model-xyz", "--out", str(tmp_path / "o")],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 2

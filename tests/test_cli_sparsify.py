@@ -10,7 +10,7 @@ import pytest
 from conftest import tiny_llama_bridge
 
 import tl_geometry as tlg
-from tl_geometry.cli.main import main
+from tl_geometry.cli.app import main
 from tl_geometry.intervention.curve import CURVE_COLUMNS, SparsificationCurve
 
 

@@ -16,7 +16,7 @@ import torch
 from conftest import tiny_llama_bridge
 
 import tl_geometry as tlg
-from tl_geometry.cli import main as cli
+import tl_geometry.cli.app as cli
 from tl_geometry.diagnostics.decay_fit import fit_exponential_decay
 from tl_geometry.testing import byte_tokenizer
 

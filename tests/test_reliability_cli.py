@@ -16,7 +16,7 @@ import torch
 from conftest import tiny_llama_bridge
 
 import tl_geometry as tlg
-from tl_geometry.cli import main as cli
+import tl_geometry.cli.app as cli
 
 MARKER = ".tl-geometry-run"  # the file `tl-geometry run` leaves in its --out directory
 TEXT = ["The quick brown fox jumps over the lazy dog. " * 12, "Attention is a weighting of values. " * 10]

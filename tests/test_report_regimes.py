@@ -59,7 +59,7 @@ def test_head_grid_names_the_nearest_label_where_it_differs(llama_bridge) -> Non
 def test_cli_mean_ablation_feeds_the_effect_figure(tmp_path, capsys, monkeypatch) -> None:
     from conftest import tiny_llama_bridge
 
-    from tl_geometry.cli import main as cli
+    import tl_geometry.cli.app as cli
 
     model = tiny_llama_bridge()
     monkeypatch.setattr(tlg, "load_model", lambda name, **kw: model)

@@ -2,7 +2,7 @@
 
 import sys
 
-from tl_geometry.cli.main import main
+from tl_geometry.cli.app import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -58,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random ranking (default 0)")
     p.add_argument("--batch-size", type=int, default=4, help="windows per forward pass (default 4)")
-    from tl_geometry.cli.main import add_out_options
+    from tl_geometry.cli.app import add_out_options
 
     add_out_options(p, "runs/sparsify", "curve")
 
@@ -67,7 +67,7 @@ def _options(args: argparse.Namespace) -> dict:
     """Every option checked, before the model is loaded."""
     import math
 
-    from tl_geometry.cli.main import _parse_ints, check_window_options
+    from tl_geometry.cli.app import _parse_ints, check_window_options
     from tl_geometry.core.rankings import check_rankings
     from tl_geometry.intervention.context import check_n
     from tl_geometry.intervention.curve import check_tolerance
@@ -86,7 +86,7 @@ def _options(args: argparse.Namespace) -> dict:
 
 
 def _check_out(args: argparse.Namespace) -> Path:
-    from tl_geometry.cli.main import _check_out as check_out
+    from tl_geometry.cli.app import _check_out as check_out
 
     return check_out(
         args,
@@ -115,7 +115,7 @@ def sparsify_command(args: argparse.Namespace) -> int:
 
 
 def _sparsify(args: argparse.Namespace, options: dict, out: Path, world: Any) -> int:
-    from tl_geometry.cli.main import EXIT_INTERRUPTED, _claim_out, _command_line, _corpus, _resume_command
+    from tl_geometry.cli.app import EXIT_INTERRUPTED, _claim_out, _command_line, _corpus, _resume_command
 
     corpus = _corpus(args)
     import tl_geometry as tlg

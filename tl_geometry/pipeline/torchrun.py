@@ -1,7 +1,7 @@
 """Many processes under ``torchrun``: disjoint shards of the windows, one merged result.
 
 ``torchrun --nproc-per-node=P -m tl_geometry run ...`` starts ``P`` copies of the command line
-(:mod:`tl_geometry.cli.main`). Each reads ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK`` from its environment
+(:mod:`tl_geometry.cli.app`). Each reads ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK`` from its environment
 (:meth:`World.from_env`), joins the process group (``gloo`` on the CPU, ``nccl`` on
 ``cuda:LOCAL_RANK``), and analyses the windows ``i`` with ``i % WORLD_SIZE == RANK``
 (:func:`shard_windows`) with its own copy of the model, writing its own resumable store in
