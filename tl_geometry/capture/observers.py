@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+import tl_geometry.core.metrics as core_metrics
 from tl_geometry.capture.hooks import LayerBatch, values_per_head
 from tl_geometry.capture.tables import KEY_COLUMNS, empty_table, head_rows_table, query_rows_table
 from tl_geometry.core.query_engine import separability_queries
@@ -44,9 +45,9 @@ from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo
 
 #: Metric columns of the separability table, after :data:`~tl_geometry.capture.tables.KEY_COLUMNS`.
-SEPARABILITY_METRICS = ["precision", "recall", "r_min", "r_max", "f_at_rmax", "f_at_rmin"]
+SEPARABILITY_METRICS = core_metrics.SEPARABILITY_METRICS
 #: The local output errors of a selection (definitions §7), after the metrics.
-LOCAL_ERROR_METRICS = ["retained_mass", "local_error_del", "local_error_ren"]
+LOCAL_ERROR_METRICS = core_metrics.LOCAL_ERROR_METRICS
 #: Every column of the separability table after the keys, in order.
 SEPARABILITY_COLUMNS = ["rank_by", *SEPARABILITY_METRICS, *LOCAL_ERROR_METRICS, "distance", "n_draws"]
 

@@ -42,3 +42,44 @@ def population_std(mean: Tensor, mean_sq: Tensor) -> Tensor:
     var = mean_sq - mean.square()
     var = torch.where(var <= RESOLUTION * mean_sq.abs(), torch.zeros_like(var), var)
     return var.sqrt()
+
+
+def pow2(exponents: Tensor) -> Tensor:
+    """``2 ** exponents`` in float64, exact (``inf`` / 0 beyond float64's range).
+
+    >>> pow2(torch.tensor([-1, 0, 3])).tolist()
+    [0.5, 1.0, 8.0]
+    """
+    return torch.ldexp(torch.ones(exponents.shape, dtype=torch.float64, device=exponents.device), exponents)
+
+
+def times_pow2(x: Tensor, exponents: Tensor) -> Tensor:
+    """``x * 2 ** exponents`` (broadcast), rounded once as :func:`torch.ldexp`: a product by an exact
+    power of two, or ``ldexp`` itself where the power would leave float64's range.
+
+    >>> times_pow2(torch.tensor([3.0], dtype=torch.float64), torch.tensor([-1100])).item() == 3.0 * 2.0**-1100
+    True
+    """
+    if bool((exponents.abs() <= 1000).all()):
+        return x * pow2(exponents)
+    return torch.ldexp(x, exponents)
+
+
+def cosine_distance(dot: Tensor, norm_y: Tensor, norm_s: Tensor, eps: Tensor) -> Tensor:
+    """``1 - dot / (||y|| ||s|| + eps)`` with ``eps`` at the rows' scale; 1 where the denominator is 0."""
+    denominator = norm_y * norm_s + eps.to(dot.dtype)
+    return 1 - torch.where(denominator > 0, dot / denominator, 0.0)
+
+
+def local_errors(z: Tensor, centers: Tensor, mass: Tensor) -> tuple[Tensor, Tensor]:
+    """``||z - s|| / ||z||`` and ``||z - s / M_S|| / ||z||`` (definitions §7); NaN where ``z = 0``
+    (and, for the second, where ``M_S = 0``).
+
+    ``z`` and ``s`` may be scaled by one power of two (``mass`` not): the ratios are those of the
+    unscaled row.
+    """
+    z_norm = torch.linalg.vector_norm(z, dim=-1)
+    deletion = torch.linalg.vector_norm(z - centers, dim=-1) / z_norm
+    renormalised = torch.linalg.vector_norm(z - centers / mass[..., None], dim=-1) / z_norm
+    nan = torch.tensor(torch.nan, dtype=torch.float64, device=z.device)
+    return torch.where(z_norm > 0, deletion, nan), torch.where((z_norm > 0) & (mass > 0), renormalised, nan)

@@ -68,6 +68,8 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_geometry.core.checks import typechecked
+from tl_geometry.core.metrics import COMPUTED_METRICS, METRICS, SeparabilityMetrics
+from tl_geometry.core.numerics import cosine_distance, local_errors, pow2, times_pow2
 from tl_geometry.core.rankings import (
     COSINE_EPS,
     DEFAULT_N_RANDOM,
@@ -96,16 +98,13 @@ MAX_SCALE_GAP = 60
 #: ``v 2^-block_exp``), which is exact; beyond it from each row's own scaled values.
 MAX_FOLDED_GAP = 900
 
-#: The metrics of :class:`QueryRows`, in the order of :class:`tl_geometry.core.separability.Separability`.
-METRICS = (
-    "precision", "recall", "r_min", "r_max", "f_at_rmax", "f_at_rmin",
-    "retained_mass", "local_error_del", "local_error_ren",
-)  # fmt: skip
 
-
-@dataclass(frozen=True)
-class QueryRows:
+@dataclass(frozen=True, kw_only=True)
+class QueryRows(SeparabilityMetrics):
     """Separability of every head and chosen query row of one layer (definitions §2 and §7).
+
+    The metrics of :class:`~tl_geometry.core.metrics.SeparabilityMetrics`, each of shape
+    ``[batch, head, query, n]`` float64 (NaN where ``valid`` is false).
 
     Attributes
     ----------
@@ -114,28 +113,11 @@ class QueryRows:
         The selection sizes of each query's grid (resolved with ``K = q + 1``), padded with 0.
     valid : [query, n] bool
         Where ``ns`` holds a size (``ns > 0``).
-    precision, recall, r_min, r_max, f_at_rmax, f_at_rmin, retained_mass, local_error_del, local_error_ren :
-        [batch, head, query, n] float64, as in :class:`tl_geometry.core.separability.Separability`
-        (NaN where ``valid`` is false). With ``rank_by="random"`` each is the mean over the
-        ``n_draws`` draws of the row.
-    rank_by, distance, n_draws : the ranking, the distance and the draws averaged per row.
     """
 
     query_positions: tuple[int, ...]
     ns: Int[Tensor, "query n"]
     valid: Bool[Tensor, "query n"]
-    precision: Float[Tensor, "batch head query n"]
-    recall: Float[Tensor, "batch head query n"]
-    r_min: Float[Tensor, "batch head query n"]
-    r_max: Float[Tensor, "batch head query n"]
-    f_at_rmax: Float[Tensor, "batch head query n"]
-    f_at_rmin: Float[Tensor, "batch head query n"]
-    retained_mass: Float[Tensor, "batch head query n"]
-    local_error_del: Float[Tensor, "batch head query n"]
-    local_error_ren: Float[Tensor, "batch head query n"]
-    rank_by: str = "attention"
-    distance: str = "euclidean"
-    n_draws: int = 1
 
 
 @typechecked
@@ -220,7 +202,7 @@ def _compute(
     grid = _Grid.of(ns, queries, device)
     n_draws = n_random if rank_by == "random" else 1
     shape = (n_batch, n_heads, n_queries, n_draws, grid.ns.shape[1])
-    out = {name: torch.full(shape, torch.nan, dtype=torch.float64, device=device) for name in _COMPUTED}
+    out = {name: torch.full(shape, torch.nan, dtype=torch.float64, device=device) for name in COMPUTED_METRICS}
     problem = _Problem(weights[..., : values.shape[1]], values.to(torch.float64), kv_head_of, q_t, grid, rank_by,
                        distance, n_draws, seed, row_keys, dtype)  # fmt: skip
     blocks = _blocks(queries, n_batch * n_heads * n_draws, values.shape[-1], grid, block_cells)
@@ -236,10 +218,6 @@ def _compute(
         query_positions=queries, ns=torch.where(grid.valid, grid.ns, 0), valid=grid.valid,
         **{name: metrics[name] for name in METRICS}, rank_by=rank_by, distance=distance, n_draws=n_draws,
     )  # fmt: skip
-
-
-#: The metrics computed per draw (the F-scores follow from precision and recall).
-_COMPUTED = [m for m in METRICS if not m.startswith("f_")]
 
 
 def _grouped(values: Tensor, kv_head_of: Tensor) -> tuple[Tensor, Tensor]:
@@ -400,10 +378,10 @@ class _BlockRows:
         weight_exp = torch.frexp(w.amax(dim=-1)).exponent + log_keys
         running = torch.cummax(v.abs().amax(dim=-1), dim=-1).values  # [P, K]: max |v| over keys 0..k
         value_exp = torch.frexp(running[:, q]).exponent  # [P, Qb]
-        w = _ldexp(w, -weight_exp[..., None])
+        w = times_pow2(w, -weight_exp[..., None])
         width = int(problem.grid.valid[block].sum(dim=1).max())  # the block's longest grid
         block_exp = value_exp.amax(dim=-1)
-        v_block = _ldexp(v, -block_exp[:, None, None])
+        v_block = times_pow2(v, -block_exp[:, None, None])
         order = cls._order(problem, block, q, w, v_block)
         return cls(problem, q, problem.grid.ns[block, :width], w, v, weight_exp, value_exp, order, block_exp, v_block)
 
@@ -452,10 +430,10 @@ class _BlockRows:
         gap = self.block_exp[:, None] - value_exp  # [P, E] >= 0
         if int(gap.max()) <= MAX_FOLDED_GAP:  # w 2^gap and v 2^-block_exp are exact
             sorted_y = self.v_block.reshape(-1, dim).index_select(0, flat).view(n_groups, n_rows, n_keys, dim)
-            sorted_y.mul_((sorted_w * _pow2(gap)[..., None])[..., None])
+            sorted_y.mul_((sorted_w * pow2(gap)[..., None])[..., None])
         else:
             sorted_y = self.v.reshape(-1, dim).index_select(0, flat).view(n_groups, n_rows, n_keys, dim)
-            sorted_y = _ldexp(sorted_y, -value_exp[..., None, None]).mul_(sorted_w[..., None])
+            sorted_y = times_pow2(sorted_y, -value_exp[..., None, None]).mul_(sorted_w[..., None])
         sorted_y.cumsum_(dim=-2)
         centers = torch.gather(sorted_y, -2, einops.repeat(ns - 1, "e n -> p e n d", p=n_groups, d=dim))
         z = torch.gather(sorted_y, -2, einops.repeat(q_rows, "e -> p e 1 d", p=n_groups, d=dim))  # s(K): the output
@@ -466,13 +444,13 @@ class _BlockRows:
         n_float = ns.to(torch.float64)
         out = {"precision": n_float / (n_float + k_out), "recall": k_in / n_float}
         if p.distance == "euclidean":
-            scale = _pow2(weight_exp + value_exp)[..., None]
+            scale = pow2(weight_exp + value_exp)[..., None]
             r_max, r_min = r_max * scale, r_min * scale
         out["r_max"], out["r_min"] = r_max, r_min
         mass = torch.gather(torch.cumsum(sorted_w, dim=-1), -1, einops.repeat(ns - 1, "e n -> p e n", p=n_groups))
-        mass = mass * _pow2(weight_exp)[..., None]
+        mass = mass * pow2(weight_exp)[..., None]
         out["retained_mass"] = mass
-        out["local_error_del"], out["local_error_ren"] = _local_errors(z, centers, mass)
+        out["local_error_del"], out["local_error_ren"] = local_errors(z, centers, mass)
         return {name: einops.rearrange(x, "p (j q r) n -> p j q r n", j=n_per, q=n_q) for name, x in out.items()}
 
 
@@ -512,19 +490,19 @@ class _Screen:
         # v * 2^-block_exp, so each row's centres are taken 2^(block_exp - value_exp) larger
         gap = rows.block_exp[:, None] - value_exp  # [P, E] >= 0
         screened = gap <= MAX_SCALE_GAP
-        s_scaled = torch.where(screened[..., None, None], _ldexp(centers, gap[..., None, None]), 0.0)
+        s_scaled = torch.where(screened[..., None, None], times_pow2(centers, gap[..., None, None]), 0.0)
         x = torch.bmm(rows.v_block.to(dtype), einops.rearrange(s_scaled.to(dtype), "p e n d -> p d (e n)"))
         x = x.view(n_groups, n_keys, n_rows, n_sizes)  # <v_i, s> in the rows' scale
         w_t = einops.rearrange(w_rows, "p e k -> p k e 1").to(dtype)
         padding = torch.arange(n_keys, device=rank.device)[:, None] > q  # [K, E]
         # ||v_i|| in each row's scale, from the block's values (no overflow): [P, K, E] float64
         # (0 for the rows not screened: their screening values are 0, every key is decided directly)
-        v_norm = _ldexp(torch.linalg.vector_norm(rows.v_block, dim=-1)[:, :, None], gap[:, None, :])
+        v_norm = times_pow2(torch.linalg.vector_norm(rows.v_block, dim=-1)[:, :, None], gap[:, None, :])
         v_norm = torch.where(screened[:, None, :], v_norm, 0.0)
         s_norm = torch.linalg.vector_norm(centers, dim=-1)  # [P, E, G] float64
         y_max = (w_rows * einops.rearrange(v_norm, "p k e -> p e k")).amax(dim=-1)  # [P, E]
         unit = (dim + 8) * (torch.finfo(dtype).eps + torch.finfo(torch.float64).eps)
-        eps = COSINE_EPS * _pow2(-2 * (weight_exp + value_exp))
+        eps = COSINE_EPS * pow2(-2 * (weight_exp + value_exp))
         if p.distance == "euclidean":
             sq = (w_t * v_norm[..., None].to(dtype)) ** 2
             sq.masked_fill_(padding[None, :, :, None], torch.inf)  # padding keys: +inf, never counted
@@ -539,7 +517,7 @@ class _Screen:
             e.masked_fill_(padding[None, :, :, None], torch.inf)
             band = torch.full_like(s_norm, 2 * unit)
         # a key's rounding floor when the block's values are finer than the row's (subnormals)
-        floor = 4 * dim * dim * torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps * _pow2(gap)
+        floor = 4 * dim * dim * torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps * pow2(gap)
         band = band + floor[..., None]
         huge = torch.finfo(dtype).max / 64
         band = torch.where(screened[..., None], band.clamp(max=huge), huge).to(dtype)
@@ -582,14 +560,14 @@ class _Screen:
         n_groups, n_keys, dim = self.rows.v.shape
         n_rows, n_sizes = self.centers.shape[1:3]
         v = self.rows.v.reshape(-1, dim).index_select(0, group * n_keys + key)  # flat gathers: fast
-        v = _ldexp(v, -self.value_exp.reshape(-1).index_select(0, group * n_rows + row)[:, None])
+        v = times_pow2(v, -self.value_exp.reshape(-1).index_select(0, group * n_rows + row)[:, None])
         y = self.w_rows.reshape(-1).index_select(0, (group * n_rows + row) * n_keys + key)[:, None] * v
         s = self.centers.reshape(-1, dim).index_select(0, (group * n_rows + row) * n_sizes + size)
         if self.rows.problem.distance == "euclidean":
             return torch.linalg.vector_norm(y - s, dim=-1)
         dot = einops.einsum(y, s, "c d, c d -> c")
         norm_y, norm_s = torch.linalg.vector_norm(y, dim=-1), torch.linalg.vector_norm(s, dim=-1)
-        return _cosine(dot, norm_y, norm_s, self.eps[group, row])
+        return cosine_distance(dot, norm_y, norm_s, self.eps[group, row])
 
     def _extreme(self, mask: Tensor, reduce: str) -> Tensor:
         """Max / min direct distance over the keys of ``mask`` [P, K, E, G]: [P, E, G]."""
@@ -613,32 +591,6 @@ class _Screen:
 def _count(mask: Tensor) -> Tensor:
     """``mask.sum(dim=1)`` for a bool mask, as int64 (through uint8 and int32: several times faster)."""
     return mask.view(torch.uint8).sum(dim=1, dtype=torch.int32).to(torch.int64)
-
-
-def _ldexp(x: Tensor, exponents: Tensor) -> Tensor:
-    """``x * 2 ** exponents`` (broadcast), exact as :func:`torch.ldexp` in float64's normal range."""
-    return x * _pow2(exponents)
-
-
-def _pow2(exponents: Tensor) -> Tensor:
-    """``2 ** exponents`` in float64, exact (``inf`` / 0 beyond float64's range)."""
-    return torch.ldexp(torch.ones(exponents.shape, dtype=torch.float64, device=exponents.device), exponents)
-
-
-def _cosine(dot: Tensor, norm_y: Tensor, norm_s: Tensor, eps: Tensor) -> Tensor:
-    """``1 - dot / (||y|| ||s|| + eps)``; 1 where the denominator is 0 (as the per-row engine)."""
-    denominator = norm_y * norm_s + eps.to(dot.dtype)
-    return 1 - torch.where(denominator > 0, dot / denominator, 0.0)
-
-
-def _local_errors(z: Tensor, centers: Tensor, mass: Tensor) -> tuple[Tensor, Tensor]:
-    """``||z - s|| / ||z||`` and ``||z - s / M_S|| / ||z||`` (definitions §7); NaN where ``z = 0``
-    (and, for the second, where ``M_S = 0``)."""
-    z_norm = torch.linalg.vector_norm(z, dim=-1)
-    deletion = torch.linalg.vector_norm(z - centers, dim=-1) / z_norm
-    renormalised = torch.linalg.vector_norm(z - centers / mass[..., None], dim=-1) / z_norm
-    nan = torch.tensor(torch.nan, dtype=torch.float64, device=z.device)
-    return torch.where(z_norm > 0, deletion, nan), torch.where((z_norm > 0) & (mass > 0), renormalised, nan)
 
 
 __all__ = ["DEFAULT_BLOCK_CELLS", "QueryRows", "separability_queries"]

@@ -52,6 +52,8 @@ import einops
 import torch
 from torch import Tensor
 
+from tl_geometry.core.numerics import cosine_distance
+
 #: Unit roundoff of the float64 direct distances.
 _U64 = 2.0**-53
 #: The screen's dtype: fast on CPUs and GPUs; the decisions do not depend on it.
@@ -109,13 +111,7 @@ def direct_distances(y: Tensor, s: Tensor, distance: str, eps: Tensor) -> Tensor
     if distance == "euclidean":
         return torch.linalg.vector_norm(y - s, dim=-1)
     dot = einops.einsum(y, s, "c d, c d -> c")
-    return cosine(dot, torch.linalg.vector_norm(y, dim=-1), torch.linalg.vector_norm(s, dim=-1), eps)
-
-
-def cosine(dot: Tensor, norm_y: Tensor, norm_s: Tensor, eps: Tensor) -> Tensor:
-    """``1 - dot / (||y|| ||s|| + eps)`` with ``eps`` at the rows' scale; 1 where the denominator is 0."""
-    denominator = norm_y * norm_s + eps.to(dot.dtype)
-    return 1 - torch.where(denominator > 0, dot / denominator, 0.0)
+    return cosine_distance(dot, torch.linalg.vector_norm(y, dim=-1), torch.linalg.vector_norm(s, dim=-1), eps)
 
 
 def decide(

@@ -31,6 +31,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.core.checks import typechecked
+from tl_geometry.core.metrics import METRICS, SeparabilityMetrics
+from tl_geometry.core.numerics import local_errors, pow2, times_pow2
 from tl_geometry.core.rankings import (
     COSINE_EPS,
     DEFAULT_N_RANDOM,
@@ -54,45 +56,21 @@ from tl_geometry.errors import InputError
 DEFAULT_BLOCK_BYTES = 8 << 20
 
 
-@dataclass(frozen=True)
-class Separability:
+@dataclass(frozen=True, kw_only=True)
+class Separability(SeparabilityMetrics):
     """Separability of top-N selection, per row and selection size (definitions §2 and §7).
 
-    Every tensor field but ``ns`` has shape ``[*batch, len(ns)]``, the batch dimensions being
-    those of the weights passed to :func:`separability`. With ``rank_by="random"`` every metric is
-    the mean over the ``n_draws`` random draws of its row (each draw's metric computed around its
-    own ``s(N)`` first, then averaged: the F-scores are means of per-draw F-scores).
+    The metrics of :class:`~tl_geometry.core.metrics.SeparabilityMetrics`, each of shape
+    ``[*batch, len(ns)]``, the batch dimensions being those of the weights passed to
+    :func:`separability`.
 
     Attributes
     ----------
     ns : [n] int64
         The selection sizes ``N``.
-    precision : ``P(r_max(N), N) = N / (N + K_out)``.
-    recall : ``R(r_min(N), N) = K_in / N``; 1 at ``N = K``.
-    r_min : ``min_{j not in I_N} D_j``; ``+inf`` at ``N = K``.
-    r_max : ``max_{i in I_N} D_i``; 0 at ``N = 1``.
-    f_at_rmax : ``2 precision / (1 + precision)``, the F-score at ``r_max`` (Corollary 1).
-    f_at_rmin : ``2 recall / (1 + recall)``, the F-score at ``r_min`` (Corollary 1).
-    retained_mass : ``M_S = sum_{i in I_N} alpha_i`` (definitions §7).
-    local_error_del : ``||z - s(N)|| / ||z||`` with ``z = sum_i y_i`` the row's output (NaN if ``z = 0``).
-    local_error_ren : ``||z - s(N) / M_S|| / ||z||`` (NaN if ``z = 0`` or ``M_S = 0``).
-    rank_by, distance : the ranking and the distance used.
-    n_draws : draws averaged per row (``n_random`` for ``"random"``, else 1).
     """
 
     ns: Int[Tensor, " n"]
-    precision: Float[Tensor, "*batch n"]
-    recall: Float[Tensor, "*batch n"]
-    r_min: Float[Tensor, "*batch n"]
-    r_max: Float[Tensor, "*batch n"]
-    f_at_rmax: Float[Tensor, "*batch n"]
-    f_at_rmin: Float[Tensor, "*batch n"]
-    retained_mass: Float[Tensor, "*batch n"]
-    local_error_del: Float[Tensor, "*batch n"]
-    local_error_ren: Float[Tensor, "*batch n"]
-    rank_by: str = "attention"
-    distance: str = "euclidean"
-    n_draws: int = 1
 
 
 @dataclass(frozen=True)
@@ -252,20 +230,10 @@ class _ScaledRows:
         weight_exp = torch.frexp(w.amax(dim=-1)).exponent + math.ceil(math.log2(n_keys))
         v_max = v.abs().amax(dim=(-2, -1)) if v.shape[-1] else w.new_zeros(w.shape[0])
         value_exp = torch.frexp(v_max).exponent
-        return cls(
-            _times_pow2(w, -weight_exp[:, None]), _times_pow2(v, -value_exp[:, None, None]), weight_exp, value_exp
-        )
+        return cls(times_pow2(w, -weight_exp[:, None]), times_pow2(v, -value_exp[:, None, None]), weight_exp, value_exp)
 
     def length_exp(self) -> Tensor:
         return self.weight_exp + self.value_exp
-
-
-def _times_pow2(x: Tensor, exponents: Tensor) -> Tensor:
-    """``x * 2^exponents`` rounded once, as ``torch.ldexp`` (a product by an exact power of two; ldexp
-    itself where a power would leave float64's range)."""
-    if bool((exponents.abs() <= 1000).all()):
-        return x * _pow2(exponents)
-    return torch.ldexp(x, exponents)
 
 
 def _orders(rows: _ScaledRows, rank_by: str, n_draws: int, seed: int, keys: Tensor | None) -> Tensor:
@@ -292,10 +260,10 @@ def _separability_rows(
     n_rows, n_draws, n_keys = order.shape
     dim = rows.values.shape[-1]
     device = order.device
-    out = {name: torch.empty(n_rows, n_draws, ns.shape[0], dtype=torch.float64, device=device) for name in _FIELDS}
+    out = {name: torch.empty(n_rows, n_draws, ns.shape[0], dtype=torch.float64, device=device) for name in METRICS}
     row_block = balanced_block(n_rows, max(1, 4 * block_bytes // max(1, n_draws * n_keys * dim * 8)))
     n_float = ns.to(torch.float64)
-    cosine_eps = COSINE_EPS * _pow2(-2 * rows.length_exp())
+    cosine_eps = COSINE_EPS * pow2(-2 * rows.length_exp())
     for r0 in range(0, n_rows, row_block):
         block = slice(r0, r0 + row_block)
         keys = order[block]  # [r, draw, K]
@@ -307,7 +275,7 @@ def _separability_rows(
         k_out, k_in = decided.k_out.view(shape), decided.k_in.view(shape)
         out["precision"][block] = n_float / (n_float + k_out)
         out["recall"][block] = k_in / n_float
-        scale = _pow2(rows.length_exp()[block])[:, None, None] if distance == "euclidean" else 1.0
+        scale = pow2(rows.length_exp()[block])[:, None, None] if distance == "euclidean" else 1.0
         out["r_max"][block] = decided.r_max.view(shape) * scale
         out["r_min"][block] = decided.r_min.view(shape) * scale
         local = _local_columns(weights, keys, ns, rows.weight_exp[block], y, decided.centers.reshape(*shape, dim))
@@ -325,18 +293,6 @@ def _centers(sorted_y: Tensor, ns: Tensor) -> Tensor:
     return torch.cumsum(sorted_y, dim=-2)[..., ns - 1, :]
 
 
-def _pow2(exponents: Tensor) -> Tensor:
-    """``2 ** exponents`` in float64, exact (``inf`` / 0 beyond float64's range)."""
-    return torch.ldexp(torch.ones(exponents.shape, dtype=torch.float64, device=exponents.device), exponents)
-
-
-#: The per-row metrics of :class:`Separability`, in its order.
-_FIELDS = [
-    "precision", "recall", "r_min", "r_max", "f_at_rmax", "f_at_rmin",
-    "retained_mass", "local_error_del", "local_error_ren",
-]  # fmt: skip
-
-
 def _local_columns(
     weights: Tensor, order: Tensor, ns: Tensor, weight_exp: Tensor, y: Tensor, centers: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -344,23 +300,9 @@ def _local_columns(
     rows ``weights`` [r, K] (scaled), orders [r, draw, K], contributions ``y`` [r, K, d] and
     centres [r, draw, G, d]: a running sum of the sorted weights, and the output ``z`` once per row."""
     alpha = torch.gather(weights[:, None, :].expand_as(order), -1, order)  # sorted weights [r, draw, K]
-    mass = torch.cumsum(alpha, dim=-1)[..., ns - 1] * _pow2(weight_exp)[:, None, None]
+    mass = torch.cumsum(alpha, dim=-1)[..., ns - 1] * pow2(weight_exp)[:, None, None]
     z = y.sum(dim=1)[:, None, None, :]  # the head's output, [r, 1, 1, d]
-    return mass, *_local_errors(z, centers, mass)
-
-
-def _local_errors(z: Tensor, centers: Tensor, mass: Tensor) -> tuple[Tensor, Tensor]:
-    """``||z - s|| / ||z||`` and ``||z - s / M_S|| / ||z||`` (definitions §7), float64; NaN where ``z = 0``
-    (and, for the second, where ``M_S = 0``).
-
-    ``z`` and ``s`` are scaled by the same power of two as the row, ``mass`` is not: the ratios
-    equal those of the unscaled row.
-    """
-    z_norm = torch.linalg.vector_norm(z, dim=-1)
-    deletion = torch.linalg.vector_norm(z - centers, dim=-1) / z_norm
-    renormalised = torch.linalg.vector_norm(z - centers / mass[..., None], dim=-1) / z_norm
-    nan = torch.tensor(torch.nan, dtype=torch.float64, device=z.device)
-    return torch.where(z_norm > 0, deletion, nan), torch.where((z_norm > 0) & (mass > 0), renormalised, nan)
+    return mass, *local_errors(z, centers, mass)
 
 
 @typechecked
