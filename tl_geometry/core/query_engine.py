@@ -1,44 +1,14 @@
-"""Separability of many query rows of one layer at once (definitions §2 and §7): the query engine.
+"""Separability of every query row of one layer at once: the query engine (definitions §2, §7).
 
-:func:`tl_geometry.core.separability` takes rows of one length. Every query position of a window means
-rows of every length (query ``q`` sees the keys ``0..q``), so the observer used to call it once
-per position: 512 calls per layer for a 512-token window. This engine takes every chosen query row
-of a layer, every head and every ranking draw in blocks of queries, and shares the work that does
-not depend on the row:
-
-* **one value matrix per key/value head.** For a row with weights ``alpha`` the screening value
-  of key ``i`` is ``E_i(N) = ||y_i||^2 - 2 <y_i, s(N)> = alpha_i (alpha_i ||v_i||^2 - 2 <v_i, s(N)>)``
-  (``D_i(N)^2 - ||s(N)||^2``; ``y_i = alpha_i v_i``). The inner products ``<v_i, s(N)>`` of every
-  query, every query head of a grouped-query group and every ``N`` come from **one** matrix product
-  ``V S^T`` per key/value head and block (``V`` the group's values ``[K, d]``, ``S`` every row's
-  centres ``[rows * sizes, d]``), instead of one small product per row with its own
-  contributions ``alpha_i v_i``;
-* **rows of different lengths in one tensor.** A block of queries is padded to its longest row:
-  a key ``i > q`` of row ``q`` gets the score ``-inf`` (it sorts after every real key, so the
-  selection order of the real keys, ties included, is the one of the row alone, and ``N <= q + 1``
-  never selects it) and the screening value ``+inf`` among the unselected keys (so no count, no
-  ``r_min`` and no re-check ever sees it). Each query keeps its own grid of ``N``
-  (:func:`tl_geometry.core.sizes.resolve_ns` with ``K = q + 1``), padded with ``N = K`` and dropped;
-* **no Python loop over query positions**: one block is a handful of tensor operations whatever the
-  number of queries in it; ``block_cells`` bounds its memory.
-
-Everything else is the per-row engine's discipline, unchanged: each row is scaled by powers of two
-(exact: its weights to sum at most 1, its values — the keys ``0..q`` it sees — to a largest
-component in ``[1/2, 1)``), the centres ``s(N)`` are running sums in selection order in float64
-(the same operations as the per-row engine, so the same numbers), a key farther than the rounding
-band from a threshold is decided by ``E``, every key within it by direct float64 distances
-``||y_i - s(N)||``, and the radii are always direct float64 distances at the arg-max / arg-min
-key (or the extreme over the keys near it). So counts are those of the direct computation and the
-radii carry no cancellation error, for ``dtype=float64`` and for ``dtype=float32`` screening.
-
-Why not the Gram matrix ``G = V V^T``? ``<y_i, s(N)> = alpha_i sum_{j in I_N} alpha_j G_ij`` needs
-``K`` products per key and row (running sums over the row's own order, a ``[K, K]`` gather per
-row) where ``<v_i, s(N)>`` needs ``d`` per key and size in one large matrix product; for
-``K`` up to 1024 and ``d_head = 64`` the value route is several times faster (docs/scaling.md), and
-the centres ``s(N)`` are needed in ``d`` dimensions anyway for the exact radii and local errors.
+The same metrics as :func:`tl_geometry.core.separability.separability`, for every chosen query
+``q`` (keys ``0..q``), head and ranking draw of a layer in blocks of queries: the inner products
+``<v_i, s(N)>`` of a whole block come from one matrix product ``V S^T`` per key/value head, rows of
+different lengths share one padded tensor (padding keys score ``-inf`` and never count), and every
+decision is the per-row engine's exact float64 one. How and why: docs/engine.md.
 
 Examples
 --------
+
 >>> import torch
 >>> w = torch.softmax(torch.randn(1, 2, 4, 4).tril() * 4 - torch.ones(4, 4).triu(1) * 1e9, -1)
 >>> v = torch.randn(1, 4, 1, 3)
@@ -47,7 +17,7 @@ Examples
 [[1, 0, 0, 0], [1, 2, 0, 0], [1, 2, 3, 0], [1, 2, 3, 4]]
 >>> rows.precision.shape   # [batch, head, query, n]
 torch.Size([1, 2, 4, 4])
->>> from tl_geometry import separability
+>>> from tl_geometry.core.separability import separability
 >>> one = separability(w[:, :, 2, :3], v[:, :3, 0][:, None].expand(1, 2, 3, 3), "all")
 >>> torch.equal(one.recall, rows.recall[:, :, 2, :3])
 True
@@ -181,15 +151,38 @@ def separability_queries(
     if row_keys is not None and tuple(row_keys.shape) != (n_batch, n_heads, n_queries):
         raise InputError(f"row_keys must have shape {(n_batch, n_heads, n_queries)}, one key per row")
     with _block_threads(weights.device) as workers:  # see _solve_all
-        return _compute(weights, values, queries, kv_head_of, ns, rank_by, distance, n_random, seed, row_keys,
-                        dtype, block_cells, workers)  # fmt: skip
+        return _compute(
+            weights,
+            values,
+            queries,
+            kv_head_of,
+            ns,
+            rank_by,
+            distance,
+            n_random,
+            seed,
+            row_keys,
+            dtype,
+            block_cells,
+            workers,
+        )
 
 
 def _compute(
-    weights: Tensor, values: Tensor, queries: tuple[int, ...], kv_head_of: Tensor, ns: NsLike, rank_by: str,
-    distance: str, n_random: int, seed: int, row_keys: Tensor | None, dtype: torch.dtype, block_cells: int,
+    weights: Tensor,
+    values: Tensor,
+    queries: tuple[int, ...],
+    kv_head_of: Tensor,
+    ns: NsLike,
+    rank_by: str,
+    distance: str,
+    n_random: int,
+    seed: int,
+    row_keys: Tensor | None,
+    dtype: torch.dtype,
+    block_cells: int,
     workers: int,
-) -> QueryRows:  # fmt: skip
+) -> QueryRows:
     """:func:`separability_queries` after its checks."""
     n_batch, n_heads, n_queries, n_pos = weights.shape
     device = weights.device
@@ -203,8 +196,19 @@ def _compute(
     n_draws = n_random if rank_by == "random" else 1
     shape = (n_batch, n_heads, n_queries, n_draws, grid.ns.shape[1])
     out = {name: torch.full(shape, torch.nan, dtype=torch.float64, device=device) for name in COMPUTED_METRICS}
-    problem = _Problem(weights[..., : values.shape[1]], values.to(torch.float64), kv_head_of, q_t, grid, rank_by,
-                       distance, n_draws, seed, row_keys, dtype)  # fmt: skip
+    problem = _Problem(
+        weights[..., : values.shape[1]],
+        values.to(torch.float64),
+        kv_head_of,
+        q_t,
+        grid,
+        rank_by,
+        distance,
+        n_draws,
+        seed,
+        row_keys,
+        dtype,
+    )
     blocks = _blocks(queries, n_batch * n_heads * n_draws, values.shape[-1], grid, block_cells)
     _solve_all(problem, blocks, out, workers)
     # the F-scores of each draw, then means over the draws (definitions §7)
@@ -215,9 +219,14 @@ def _compute(
         name: torch.where(grid.valid, x[:, :, :, 0] if n_draws == 1 else x.mean(dim=3), nan) for name, x in out.items()
     }
     return QueryRows(
-        query_positions=queries, ns=torch.where(grid.valid, grid.ns, 0), valid=grid.valid,
-        **{name: metrics[name] for name in METRICS}, rank_by=rank_by, distance=distance, n_draws=n_draws,
-    )  # fmt: skip
+        query_positions=queries,
+        ns=torch.where(grid.valid, grid.ns, 0),
+        valid=grid.valid,
+        **{name: metrics[name] for name in METRICS},
+        rank_by=rank_by,
+        distance=distance,
+        n_draws=n_draws,
+    )
 
 
 def _grouped(values: Tensor, kv_head_of: Tensor) -> tuple[Tensor, Tensor]:
@@ -403,8 +412,9 @@ class _BlockRows:
             if keys_all is None:  # the row's index in the flattened [batch, head, query] of the call
                 b, h, n_q = problem.weights.shape[:3]
                 keys_all = row_keys(seq=torch.arange(b * h * n_q, device=w.device).reshape(b, h, n_q))
-            keys_blk = einops.rearrange(keys_all[:, :, block.to(keys_all.device)].to(w.device),
-                                        "b (g j) q -> (b g) j q", g=n_kv)  # fmt: skip
+            keys_blk = einops.rearrange(
+                keys_all[:, :, block.to(keys_all.device)].to(w.device), "b (g j) q -> (b g) j q", g=n_kv
+            )
             scores = uniform_scores(keys_blk, n_keys, draws=problem.n_draws, seed=problem.seed)
             return selection_order(torch.where(padding[:, None, :], -torch.inf, scores))
         return selection_order(torch.where(padding, -torch.inf, scores))[:, :, :, None, :]
@@ -479,9 +489,16 @@ class _Screen:
 
     @classmethod
     def of(
-        cls, rows: _BlockRows, w_rows: Tensor, value_exp: Tensor, weight_exp: Tensor, ns: Tensor, q: Tensor,
-        rank: Tensor, centers: Tensor,
-    ) -> "_Screen":  # fmt: skip
+        cls,
+        rows: _BlockRows,
+        w_rows: Tensor,
+        value_exp: Tensor,
+        weight_exp: Tensor,
+        ns: Tensor,
+        q: Tensor,
+        rank: Tensor,
+        centers: Tensor,
+    ) -> "_Screen":
         p = rows.problem
         dtype = p.dtype
         n_groups, n_rows, n_sizes, dim = centers.shape

@@ -1,45 +1,11 @@
 """Exact top-N counts and radii from a float32 screen (definitions §2, §7).
 
-The separability engine (:func:`tl_geometry.core.separability`) needs, for every row, draw and size
-``N``, the radii ``r_max = max_{i in I_N} D_i`` and ``r_min = min_{j not in I_N} D_j`` and the counts
-``K_out = #{j not in I_N: D_j <= r_max}``, ``K_in = #{i in I_N: D_i <= r_min}``, where ``D_i`` is
-the float64 distance ``||y_i - s(N)||`` (or the cosine distance) computed directly, as the loop
-reference does. This module gets them from one float32 matrix product per block of sizes and a
-few passes over its ``[sizes, keys]`` result, and decides again in float64 every key whose float32
-value is too close to call. The counts are therefore those of the float64 distances.
-
-**Layout.** Each (row, draw) is a *batch* ``b``; its keys are put in selection order once, so that
-``I_N`` is the positions ``t < N`` for every ``N``, and ``s(N)`` is a running sum along them
-(the loop reference's sum, bit for bit).
-
-**The screen.** For the Euclidean distance the screen of position ``t`` against ``s = s(N)`` is
-``E_t = ||y_t||^2 - 2 <y_t, s>`` (``= D_t^2 - ||s||^2``, the order of ``D_t``) in float32. Its
-rounding error is at most ``c (||y_t||^2 + 2 ||y_t|| ||s||)`` with ``c = (d + 16) u`` (``u =
-2^-24``: the dot product's ``gamma_{d+2}``, the conversions and the two roundings below, with room
-to spare): a band per key *and* size, so that the many keys with tiny contributions get tiny
-bands. The matrix product gives the upper bound ``P_t = E_t + band`` directly (one more row of its
-operand carries ``2 c ||y_t||`` against ``||s||``), one pass the lower bound ``M_t = P_t - 2 band``.
-For the cosine distance the screen is ``-<y, s> / (||y|| ||s|| + eps)`` (``= D - 1``) with a
-constant band ``(d + 16) u``.
-
-**The decisions**, per batch and size, with ``i*`` the in-key of largest ``M`` and ``j*`` the
-out-key of smallest ``P``:
-
-* ``T`` = the direct float64 distance of ``i*`` in screen units (``r^2 - ||s||^2``), and ``eps``
-  a bound on the float64 rounding of the distances and of ``T`` itself, with room to spare;
-* ``lo = #{t: P_t < T - eps}`` keys are surely nearer than ``r = D_{i*}``, all but ``hi =
-  #{t: M_t < T + eps}`` surely farther. ``i*`` is always between the two; if nothing else is
-  (``hi - lo = 1``), no in-key is farther than ``i*`` (every ``M_i <= M_{i*}``), so ``r_max =
-  D_{i*}`` and ``K_out = hi - N``;
-* the same around ``j*``: if ``hi - lo = 1`` then ``r_min = D_{j*}`` and ``K_in = lo`` (no out-key
-  has ``P < P_{j*}``).
-
-Elsewhere (near-ties, exact ties such as duplicated keys) the ambiguous keys of the cell get direct
-float64 distances and decide it; a cell whose extreme is not ``i*`` / ``j*`` after all is
-recomputed whole from direct distances, the definitions applied literally.
-
-The work tensors are taken from a per-thread :class:`_Workspace`: on CPUs a fresh multi-megabyte
-tensor costs its page faults again and again, more than the passes over it.
+For every row, draw and size ``N``: ``r_max = max_{i in I_N} D_i``, ``r_min = min_{j not in I_N} D_j``,
+``K_out = #{j not in I_N: D_j <= r_max}`` and ``K_in = #{i in I_N: D_i <= r_min}``, with ``D`` the
+float64 distance. One float32 matrix product per block screens ``E_t = ||y_t||^2 - 2 <y_t, s>``
+with a rounding band per key and size; every key too close to call is decided again from direct
+float64 distances, so the counts are those of the float64 definition. The derivation of the bands
+and decisions: docs/engine.md.
 """
 
 from __future__ import annotations
@@ -447,9 +413,16 @@ class _Cells:
 
 
 def _refine(
-    keys: _Keys, s: Tensor, sigma: Tensor, eps: Tensor, cells: _Cells,
-    k_out: Tensor, k_in: Tensor, r_max: Tensor, r_min: Tensor,
-) -> Tensor:  # fmt: skip
+    keys: _Keys,
+    s: Tensor,
+    sigma: Tensor,
+    eps: Tensor,
+    cells: _Cells,
+    k_out: Tensor,
+    k_in: Tensor,
+    r_max: Tensor,
+    r_min: Tensor,
+) -> Tensor:
     """Decide ``cells`` from direct distances of their ambiguous keys only; [c] True where that
     is not enough (a key other than ``i*`` / ``j*`` holds the extreme), left for :func:`_recompute`.
 
@@ -489,9 +462,17 @@ def _pair_distances(keys: _Keys, s: Tensor, eps: Tensor, cells: _Cells, mask: Te
 
 
 def _recompute(
-    keys: _Keys, s: Tensor, ns: Tensor, eps: Tensor, batch: Tensor, size: Tensor,
-    k_out: Tensor, k_in: Tensor, r_max: Tensor, r_min: Tensor,
-) -> None:  # fmt: skip
+    keys: _Keys,
+    s: Tensor,
+    ns: Tensor,
+    eps: Tensor,
+    batch: Tensor,
+    size: Tensor,
+    k_out: Tensor,
+    k_in: Tensor,
+    r_max: Tensor,
+    r_min: Tensor,
+) -> None:
     """Overwrite the cells ``(batch, size)`` from direct float64 distances of every key (the definitions)."""
     n_keys, dim = keys.y.shape[1:]
     chunk = max(1, _DIRECT_CHUNK_BYTES // (n_keys * dim * 8))
