@@ -62,7 +62,7 @@ def times_pow2(x: Tensor, exponents: Tensor) -> Tensor:
     """
     if bool((exponents.abs() <= 1000).all()):
         return x * pow2(exponents)
-    return torch.ldexp(x, exponents)
+    return torch.ldexp(*torch.broadcast_tensors(x, exponents))
 
 
 def cosine_distance(dot: Tensor, norm_y: Tensor, norm_s: Tensor, eps: Tensor) -> Tensor:
