@@ -25,9 +25,13 @@ def byte_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-        name_or_path="tiny-bytes", add_bos_token=True,
-    )  # fmt: skip
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        name_or_path="tiny-bytes",
+        add_bos_token=True,
+    )
 
 
 def tiny_llama_bridge(n_heads: int = 4, n_kv_heads: int = 2, n_layers: int = 2, seed: int = 0):
@@ -38,10 +42,15 @@ def tiny_llama_bridge(n_heads: int = 4, n_kv_heads: int = 2, n_layers: int = 2, 
     torch.manual_seed(seed)
     tok = byte_tokenizer()
     cfg = transformers.LlamaConfig(
-        vocab_size=len(tok), hidden_size=8 * n_heads, intermediate_size=64, num_hidden_layers=n_layers,
-        num_attention_heads=n_heads, num_key_value_heads=n_kv_heads, max_position_embeddings=128,
+        vocab_size=len(tok),
+        hidden_size=8 * n_heads,
+        intermediate_size=64,
+        num_hidden_layers=n_layers,
+        num_attention_heads=n_heads,
+        num_key_value_heads=n_kv_heads,
+        max_position_embeddings=128,
         attn_implementation="eager",  # type: ignore[call-arg]  # a PretrainedConfig keyword the stubs omit
-    )  # fmt: skip
+    )
     hf = transformers.LlamaForCausalLM(cfg).eval()
     return TransformerBridge.boot_transformers("tiny-llama", hf_model=hf, tokenizer=tok)
 
@@ -64,9 +73,17 @@ def tiny_hooked_transformer(n_kv_heads: int | None = 2, seed: int = 0):
 
     torch.manual_seed(seed)
     cfg = transformer_lens.HookedTransformerConfig(
-        n_layers=2, d_model=32, n_heads=4, d_head=8, n_ctx=128, d_vocab=259, act_fn="gelu",
-        n_key_value_heads=n_kv_heads, normalization_type="LN", seed=seed,
-    )  # fmt: skip
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        d_head=8,
+        n_ctx=128,
+        d_vocab=259,
+        act_fn="gelu",
+        n_key_value_heads=n_kv_heads,
+        normalization_type="LN",
+        seed=seed,
+    )
     model = transformer_lens.HookedTransformer(cfg, tokenizer=byte_tokenizer())
     # random init leaves biases at zero; give b_V and b_O values so the fold check has something to see
     for block in model.blocks:

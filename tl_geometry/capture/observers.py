@@ -216,9 +216,13 @@ class SeparabilityObserver(RowMetricsObserver):
 
     def settings(self) -> dict:
         return {
-            **super().settings(), "dtype": str(self.dtype), "rank_by": list(self.rank_by),
-            "distance": self.distance, "n_random": self.n_random, "seed": self.seed,
-        }  # fmt: skip
+            **super().settings(),
+            "dtype": str(self.dtype),
+            "rank_by": list(self.rank_by),
+            "distance": self.distance,
+            "n_random": self.n_random,
+            "seed": self.seed,
+        }
 
     def observe(self, batch: LayerBatch) -> None:
         """Add the rows of one layer of one forward pass, one block per ranking.
@@ -237,9 +241,16 @@ class SeparabilityObserver(RowMetricsObserver):
             keys = row_keys(seq=batch.seq_ids[:, None], layer=batch.layer, head=heads[None, :], query_pos=q)
             for rank_by in self.rank_by:
                 res = separability(
-                    weights, row_values, self.ns, rank_by=rank_by, distance=self.distance, n_random=self.n_random,
-                    seed=self.seed, row_keys=keys.to(weights.device), dtype=self.dtype,
-                )  # fmt: skip
+                    weights,
+                    row_values,
+                    self.ns,
+                    rank_by=rank_by,
+                    distance=self.distance,
+                    n_random=self.n_random,
+                    seed=self.seed,
+                    row_keys=keys.to(weights.device),
+                    dtype=self.dtype,
+                )
                 metrics = {name: getattr(res, name) for name in [*SEPARABILITY_METRICS, *LOCAL_ERROR_METRICS]}
                 self.chunks.append(self._finish(head_rows_table(batch, q, res.ns, self.kv_head_of, metrics), res))
 
@@ -247,18 +258,31 @@ class SeparabilityObserver(RowMetricsObserver):
         """Every query position of ``batch`` at once (:func:`~tl_geometry.core.query_engine.separability_queries`)."""
         heads = torch.arange(batch.weights.shape[1])
         positions = torch.tensor(batch.query_positions, dtype=torch.int64)
-        keys = row_keys(seq=batch.seq_ids.cpu()[:, None, None], layer=batch.layer, head=heads[None, :, None],
-                        query_pos=positions[None, None, :])  # fmt: skip
+        keys = row_keys(
+            seq=batch.seq_ids.cpu()[:, None, None],
+            layer=batch.layer,
+            head=heads[None, :, None],
+            query_pos=positions[None, None, :],
+        )
         tables = []
         for rank_by in self.rank_by:
             res = separability_queries(
-                batch.weights, batch.values, batch.query_positions, self.kv_head_of, self.ns, rank_by=rank_by,
-                distance=self.distance, n_random=self.n_random, seed=self.seed,
-                row_keys=keys.to(batch.weights.device), dtype=self.dtype,
-            )  # fmt: skip
+                batch.weights,
+                batch.values,
+                batch.query_positions,
+                self.kv_head_of,
+                self.ns,
+                rank_by=rank_by,
+                distance=self.distance,
+                n_random=self.n_random,
+                seed=self.seed,
+                row_keys=keys.to(batch.weights.device),
+                dtype=self.dtype,
+            )
             metrics = {name: getattr(res, name) for name in [*SEPARABILITY_METRICS, *LOCAL_ERROR_METRICS]}
-            table = query_rows_table(batch.seq_ids, batch.layer, batch.query_positions, res.ns, res.valid,
-                                     self.kv_head_of, metrics)  # fmt: skip
+            table = query_rows_table(
+                batch.seq_ids, batch.layer, batch.query_positions, res.ns, res.valid, self.kv_head_of, metrics
+            )
             tables.append(self._finish(table, res))
         table = pd.concat(tables, ignore_index=True)
         if len(tables) > 1:  # per query position, the rankings in turn (as one position at a time)

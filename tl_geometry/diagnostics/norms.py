@@ -29,9 +29,17 @@ from tl_geometry.core.numerics import population_std
 from tl_geometry.diagnostics._common import ACC_DTYPE, KeyedSums, check_same, empty_frame, median_last
 
 NORM_COLUMNS = [
-    "kv_head", "n_seqs", "n_keys", "sink_norm", "median_norm", "mean_norm",
-    "sink_ratio", "norm_cv", "sink_ratio_of_mean", "norm_cv_of_mean",
-]  # fmt: skip
+    "kv_head",
+    "n_seqs",
+    "n_keys",
+    "sink_norm",
+    "median_norm",
+    "mean_norm",
+    "sink_ratio",
+    "norm_cv",
+    "sink_ratio_of_mean",
+    "norm_cv_of_mean",
+]
 NORM_CURVE_COLUMNS = ["kv_head", "position", "mean_norm", "std_norm", "n_seqs"]
 
 _SUMS = ("sink", "median", "mean", "ratio", "cv", "pos", "pos_sq")

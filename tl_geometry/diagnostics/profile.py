@@ -30,9 +30,20 @@ DEFAULT_MAX_LOG_ERROR = 1.0
 DEFAULT_N_OMEGA = 256
 
 PROFILE_COLUMNS = [
-    "head", "n_seqs", "n_keys", "p_sink", "p_base", "eta_osc", "omega", "eta_exp",
-    "T1", "T2", "fit_error", "fit_ok", "n_floored",
-]  # fmt: skip
+    "head",
+    "n_seqs",
+    "n_keys",
+    "p_sink",
+    "p_base",
+    "eta_osc",
+    "omega",
+    "eta_exp",
+    "T1",
+    "T2",
+    "fit_error",
+    "fit_ok",
+    "n_floored",
+]
 PROFILE_CURVE_COLUMNS = ["head", "position", "alpha", "fitted"]
 
 

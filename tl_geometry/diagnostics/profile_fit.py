@@ -81,9 +81,18 @@ def fit_profiles(
         nan = torch.full((rows,), math.nan, dtype=torch.float64)
         zero = torch.zeros(rows, dtype=torch.int64)
         return ProfileFitTensors(
-            p_sink, nan, nan.clone(), nan.clone(), nan.clone(), zero, zero.clone(), nan.clone(),
-            torch.zeros(rows, dtype=torch.bool), zero.clone(), alpha.clone(),
-        )  # fmt: skip
+            p_sink,
+            nan,
+            nan.clone(),
+            nan.clone(),
+            nan.clone(),
+            zero,
+            zero.clone(),
+            nan.clone(),
+            torch.zeros(rows, dtype=torch.bool),
+            zero.clone(),
+            alpha.clone(),
+        )
     content = alpha[:, 1:]
     usable = torch.isfinite(content) & (content >= floor)
     n_floored = (~usable).sum(-1)
@@ -200,9 +209,14 @@ def _fit_recency(
     idx = torch.where(has_exp, best, n - 1)
     t2 = t2c[idx]
     lin = _Linear(
-        n=n, sx=sx[idx], sxx=sxx[idx], sxy=sxy.gather(-1, idx[:, None])[:, 0], det=det[idx],
-        has_ramp=has_ramp[idx], b=b.gather(-1, idx[:, None])[:, 0],
-    )  # fmt: skip
+        n=n,
+        sx=sx[idx],
+        sxx=sxx[idx],
+        sxy=sxy.gather(-1, idx[:, None])[:, 0],
+        det=det[idx],
+        has_ramp=has_ramp[idx],
+        b=b.gather(-1, idx[:, None])[:, 0],
+    )
     return t2, has_exp, lin
 
 

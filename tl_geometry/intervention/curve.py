@@ -159,11 +159,16 @@ class SparsificationCurve:
                     break
                 self._add_point(rank_by, renorm, (low + n_star) // 2)
                 n_refined += 1
-            rows.append({
-                "rank_by": rank_by, "renormalize": bool(renorm), "tolerance": tau,
-                "n_star": pd.NA if n_star is None else n_star,
-                "sizes_tried": ",".join(str(int(n)) for n in sorted(points.n)), "n_refined": n_refined,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "rank_by": rank_by,
+                    "renormalize": bool(renorm),
+                    "tolerance": tau,
+                    "n_star": pd.NA if n_star is None else n_star,
+                    "sizes_tried": ",".join(str(int(n)) for n in sorted(points.n)),
+                    "n_refined": n_refined,
+                }
+            )
         out = pd.DataFrame(rows)
         out["n_star"] = out["n_star"].astype("Int64")
         return out
@@ -273,9 +278,13 @@ def sparsification_curve(
     seq_len = int(tokens.shape[1])
     sizes = check_ns(sizes_spec, seq_len)
     identity = {
-        "model": info.name, "model weights": model_fingerprint(model), "token windows": tokens_sha256(tokens),
-        "n_seqs": int(tokens.shape[0]), "seq_len": seq_len, "seed": seed,
-    }  # fmt: skip
+        "model": info.name,
+        "model weights": model_fingerprint(model),
+        "token windows": tokens_sha256(tokens),
+        "n_seqs": int(tokens.shape[0]),
+        "seq_len": seq_len,
+        "seed": seed,
+    }
     store = _CurveStore(None if out_dir is None else Path(out_dir), identity, resume, world is None or world.is_main)
     shard: dict[str, Any] = {}
     if world is not None:
@@ -307,9 +316,15 @@ def sparsification_curve(
                 desc = f"{rank_by}{' renorm' if renorm else ''} N={n}"
                 loss = corpus_nll(model, tokens, batch_size, progress, desc=desc, before_batch=set_ids, **shard)
         row = {
-            "rank_by": rank_by, "renormalize": renorm, "n": n, "nll": loss.nll, "nll_full": full.nll,
-            "delta_nll_rel": (loss.nll - full.nll) / full.nll, "n_tokens": loss.n_tokens, "stage": stage,
-        }  # fmt: skip
+            "rank_by": rank_by,
+            "renormalize": renorm,
+            "n": n,
+            "nll": loss.nll,
+            "nll_full": full.nll,
+            "delta_nll_rel": (loss.nll - full.nll) / full.nll,
+            "n_tokens": loss.n_tokens,
+            "stage": stage,
+        }
         store.rows.append(row)
         store.save()
         return row
@@ -342,10 +357,16 @@ def load_curve(
             raise InputError("load_curve needs the corpus together with the model, to measure refinement points")
         grid = table[table.stage == "grid"]
         live = sparsification_curve(
-            model, corpus, ns=sorted(set(grid.n)) or [1], rank_by=list(dict.fromkeys(grid.rank_by)) or "attention",
+            model,
+            corpus,
+            ns=sorted(set(grid.n)) or [1],
+            rank_by=list(dict.fromkeys(grid.rank_by)) or "attention",
             renormalize=list(dict.fromkeys(bool(f) for f in grid.renormalize)) or False,
-            seed=data["identity"].get("seed", 0), batch_size=batch_size, out_dir=out_dir, progress=progress,
-        )  # fmt: skip
+            seed=data["identity"].get("seed", 0),
+            batch_size=batch_size,
+            out_dir=out_dir,
+            progress=progress,
+        )
         return live
     return SparsificationCurve(table=table, nll_full=full.nll, config=dict(data["identity"]), _measure=measure)
 

@@ -99,10 +99,20 @@ def localized_loss(
                 state.seq_ids = seq_ids
 
             loss = corpus_nll(model, tokens, batch_size, progress=False, before_batch=set_ids)
-        rows.append({
-            "unit": unit, "layer": layer, "head": head, "rank_by": rank_by, "renormalize": renormalize, "n": n,
-            "nll": loss.nll, "nll_full": full.nll, "delta_nll_rel": (loss.nll - full.nll) / full.nll, "n_tokens": loss.n_tokens,
-        })  # fmt: skip
+        rows.append(
+            {
+                "unit": unit,
+                "layer": layer,
+                "head": head,
+                "rank_by": rank_by,
+                "renormalize": renormalize,
+                "n": n,
+                "nll": loss.nll,
+                "nll_full": full.nll,
+                "delta_nll_rel": (loss.nll - full.nll) / full.nll,
+                "n_tokens": loss.n_tokens,
+            }
+        )
     table = pd.DataFrame(rows, columns=LOCAL_COLUMNS)
     table["head"] = table["head"].astype("Int64")
     return table

@@ -194,8 +194,9 @@ class RunStore:
 
     def merge_rows(self, key: list[str], rank_order: list[str], empty: pd.DataFrame) -> RowsOnDisk:
         """Every saved row in ``key`` order, written to ``ROWS_FILE`` one part at a time (not held in memory)."""
-        return merge_parts([self.parts_dir / name for name in self.progress["parts"]], self.dir / ROWS_FILE, key,
-                           rank_order, empty)  # fmt: skip
+        return merge_parts(
+            [self.parts_dir / name for name in self.progress["parts"]], self.dir / ROWS_FILE, key, rank_order, empty
+        )
 
     # ------------------------------------------------------------------ writing
     def write(self, seq_ids: list[int], table: pd.DataFrame, states: dict[str, dict]) -> None:

@@ -69,8 +69,11 @@ def attention_mass(result: AnalysisResult | pd.DataFrame, layer_head: tuple[int,
         what = f"mean over {len(curve.groupby(['layer', 'head']))} (layer, head) pairs"
     by_pos = curve.groupby("position")[["alpha", "fitted"]].mean()
     x = by_pos.index.to_numpy()
-    fig = go.Figure(go.Scatter(x=x, y=as_array(by_pos["alpha"]), mode="markers", name="mean α_i",
-                               marker=dict(size=4, color="#1f77b4")))  # fmt: skip
+    fig = go.Figure(
+        go.Scatter(
+            x=x, y=as_array(by_pos["alpha"]), mode="markers", name="mean α_i", marker=dict(size=4, color="#1f77b4")
+        )
+    )
     fitted = as_array(by_pos["fitted"])
     if np.isfinite(fitted).any():
         fig.add_trace(go.Scatter(x=x, y=fitted, mode="lines", name="fitted profile", line=dict(color="#d62728")))

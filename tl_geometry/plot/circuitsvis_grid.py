@@ -318,9 +318,15 @@ def _choose_heads(
     table, order, margin = _heads_table(heads, n_layers, n_heads)
     table = _filter_heads(table, order, n_layers, layers, regimes)
     has_regimes = table["regime"].notna().any()
-    choices = [_Choice(int(r.layer), int(r.head), None if r.regime is None else str(r.regime),
-                       None if r.regime_nearest is None else str(r.regime_nearest))
-               for r in table.itertuples(index=False)]  # fmt: skip
+    choices = [
+        _Choice(
+            int(r.layer),
+            int(r.head),
+            None if r.regime is None else str(r.regime),
+            None if r.regime_nearest is None else str(r.regime_nearest),
+        )
+        for r in table.itertuples(index=False)
+    ]
 
     def rank(regime: str | None) -> tuple[int, str]:
         if regime is None:

@@ -112,20 +112,34 @@ def contributions_scatter(
     """
     pts = contribution_points(weights, values, query_positions)
     fig = go.Figure()
-    styles = (("other", "other keys", "circle", 6), ("sink", "sink (i = 0)", "diamond", 11),
-              ("last", "last token (i = L)", "star", 14))  # fmt: skip
+    styles = (
+        ("other", "other keys", "circle", 6),
+        ("sink", "sink (i = 0)", "diamond", 11),
+        ("last", "last token (i = L)", "star", 14),
+    )
     for kind, name, symbol, size in styles:
         m = pts["kind"] == kind
-        fig.add_trace(go.Scatter(
-            x=pts["position"][m], y=pts["contribution"][m], mode="markers", name=name,
-            marker=dict(color=pts["cos_vL"][m], coloraxis="coloraxis", symbol=symbol, size=size,
-                        line=dict(width=0.5, color="black")),
-            customdata=np.stack([pts["query_pos"][m], pts["alpha"][m]], axis=-1),
-            hovertemplate="i = %{x}, query %{customdata[0]}<br>||α_i v_i|| = %{y:.3g}<br>α_i = %{customdata[1]:.3g}"
-            "<br>cos(v_i, v_L) = %{marker.color:.2f}<extra></extra>",
-        ))  # fmt: skip
-    fig.update_layout(coloraxis=dict(colorscale=COSINE_COLORSCALE, cmin=-1, cmax=1,
-                                     colorbar=dict(title=dict(text="cos(v_i, v_L)"))))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=pts["position"][m],
+                y=pts["contribution"][m],
+                mode="markers",
+                name=name,
+                marker=dict(
+                    color=pts["cos_vL"][m],
+                    coloraxis="coloraxis",
+                    symbol=symbol,
+                    size=size,
+                    line=dict(width=0.5, color="black"),
+                ),
+                customdata=np.stack([pts["query_pos"][m], pts["alpha"][m]], axis=-1),
+                hovertemplate="i = %{x}, query %{customdata[0]}<br>||α_i v_i|| = %{y:.3g}<br>α_i = %{customdata[1]:.3g}"
+                "<br>cos(v_i, v_L) = %{marker.color:.2f}<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        coloraxis=dict(colorscale=COSINE_COLORSCALE, cmin=-1, cmax=1, colorbar=dict(title=dict(text="cos(v_i, v_L)")))
+    )
     n_rows = len(np.unique(pts["query_pos"]))
     full = "Contributions ||α_i v_i|| by position (Fig. 10)" + (f": {title}" if title else "")
     full += f", {n_rows} query position{'s' if n_rows > 1 else ''}"
@@ -193,5 +207,6 @@ def contributions_from_model(
     g = int(info.kv_head_of()[head])
     weights = batch.weights[0, head]  # [len(qs), L]
     values = batch.values[0, :, g]  # [L, d]
-    return contributions_scatter(weights, values, query_positions=qs,
-                                 title=title or f"layer {layer}, head {head}", log_y=log_y)  # fmt: skip
+    return contributions_scatter(
+        weights, values, query_positions=qs, title=title or f"layer {layer}, head {head}", log_y=log_y
+    )

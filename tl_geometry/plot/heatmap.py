@@ -25,9 +25,13 @@ def _kv_map(heads: pd.DataFrame | None, model: Any) -> pd.DataFrame:
             "kv_head) to map key/value heads to query heads"
         )
     kv = info.kv_head_of().numpy()
-    return pd.DataFrame({"layer": np.repeat(np.arange(info.n_layers), info.n_heads),
-                         "head": np.tile(np.arange(info.n_heads), info.n_layers),
-                         "kv_head": np.tile(kv, info.n_layers)})  # fmt: skip
+    return pd.DataFrame(
+        {
+            "layer": np.repeat(np.arange(info.n_layers), info.n_heads),
+            "head": np.tile(np.arange(info.n_heads), info.n_layers),
+            "kv_head": np.tile(kv, info.n_layers),
+        }
+    )
 
 
 def head_values(
@@ -118,14 +122,23 @@ def head_heatmap(
     hover = "layer %{y}, head %{x}<br>" + column + " = %{z:.4g}"
     if heads is not None:
         regime = heads.assign(regime=heads["regime"].astype(str)).set_index(["layer", "head"])["regime"]
-        custom = np.array([[regime.get((layer, head), "—") for head in grid.columns] for layer in grid.index],
-                          dtype=object)  # fmt: skip
+        custom = np.array(
+            [[regime.get((layer, head), "—") for head in grid.columns] for layer in grid.index], dtype=object
+        )
         hover += "<br>regime: %{customdata}"
-    fig = go.Figure(go.Heatmap(
-        z=z, x=grid.columns.to_numpy(), y=grid.index.to_numpy(), customdata=custom, name=column,
-        colorscale="RdBu_r" if diverging else "Viridis", zmid=0 if diverging else None,
-        colorbar=dict(title=dict(text=column)), hovertemplate=hover + "<extra></extra>",
-    ))  # fmt: skip
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=grid.columns.to_numpy(),
+            y=grid.index.to_numpy(),
+            customdata=custom,
+            name=column,
+            colorscale="RdBu_r" if diverging else "Viridis",
+            zmid=0 if diverging else None,
+            colorbar=dict(title=dict(text=column)),
+            hovertemplate=hover + "<extra></extra>",
+        )
+    )
     default = f"{column} by layer and head" + (f" at N = {n}" if n is not None else "")
     fig = base_layout(fig, title or default, "head", "layer")
     fig.update_yaxes(autorange="reversed", dtick=1)

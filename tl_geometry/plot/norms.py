@@ -71,15 +71,43 @@ def norms_by_position(
     if band is not None:
         lo, hi = band
         q = rest.groupby("position")["mean_norm"].quantile([lo, hi]).unstack()
-        fig.add_trace(go.Scatter(x=x, y=as_array(q[lo]), mode="lines", line=dict(width=0), name=f"q{lo * 100:g}",
-                                 showlegend=False, hoverinfo="skip"))  # fmt: skip
-        fig.add_trace(go.Scatter(x=x, y=as_array(q[hi]), mode="lines", line=dict(width=0), fill="tonexty",
-                                 fillcolor=_BAND_COLOR, name=f"q{lo * 100:g}–q{hi * 100:g} of pairs"))  # fmt: skip
-    fig.add_trace(go.Scatter(x=x, y=as_array(mean.to_numpy()), mode="lines", name="mean ||v_i||, i ≥ 1",
-                             line=dict(color="#1f77b4")))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=as_array(q[lo]),
+                mode="lines",
+                line=dict(width=0),
+                name=f"q{lo * 100:g}",
+                showlegend=False,
+                hoverinfo="skip",
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=as_array(q[hi]),
+                mode="lines",
+                line=dict(width=0),
+                fill="tonexty",
+                fillcolor=_BAND_COLOR,
+                name=f"q{lo * 100:g}–q{hi * 100:g} of pairs",
+            )
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=x, y=as_array(mean.to_numpy()), mode="lines", name="mean ||v_i||, i ≥ 1", line=dict(color="#1f77b4")
+        )
+    )
     if len(x):
-        fig.add_trace(go.Scatter(x=[x.min(), x.max()], y=[float(sink), float(sink)], mode="lines",
-                                 name="sink: mean ||v_0||", line=dict(color="#d62728", dash="dash")))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=[x.min(), x.max()],
+                y=[float(sink), float(sink)],
+                mode="lines",
+                name="sink: mean ||v_0||",
+                line=dict(color="#d62728", dash="dash"),
+            )
+        )
     y_title = "||v_i|| / median over i > 0 (ratio)" if normalize else "||v_i|| (value-space units)"
     title = f"Value norms by position (Fig. 2, left): mean over {n_pairs} (layer, kv_head) pairs"
     return base_layout(fig, title, "key position i" + (" (log scale)" if log_x else ""), y_title, log_x=log_x)
@@ -115,8 +143,10 @@ def norm_cv_histogram(result: AnalysisResult | pd.DataFrame, *, nbins: int | Non
     share = float(np.mean(cv > 0.05))
     fig = go.Figure(go.Histogram(x=cv, nbinsx=nbins, name="norm_cv", marker_color="#1f77b4"))
     fig.add_vline(x=median, line_dash="dash", line_color="black", annotation_text=f"median {median:.3f}")
-    title = (f"CV of non-sink value norms (Fig. 2, right): {len(cv)} (layer, kv_head) pairs, "
-             f"median {median:.3f}, {share:.0%} above 0.05")  # fmt: skip
+    title = (
+        f"CV of non-sink value norms (Fig. 2, right): {len(cv)} (layer, kv_head) pairs, "
+        f"median {median:.3f}, {share:.0%} above 0.05"
+    )
     return base_layout(
         fig, title, "CV of ||v_i||, i > 0 (std / mean, dimensionless)", "number of (layer, kv_head) pairs"
     )

@@ -76,10 +76,18 @@ def separability_by_ranking(
         for name in rankings:
             curve = mean.loc[name, metric]
             fig.add_trace(
-                go.Scatter(x=curve.index.to_numpy(), y=as_array(curve), mode="lines+markers", name=name,
-                           legendgroup=name, showlegend=col == 1, line=dict(color=RANKING_COLORS.get(name))),
-                row=1, col=col,
-            )  # fmt: skip
+                go.Scatter(
+                    x=curve.index.to_numpy(),
+                    y=as_array(curve),
+                    mode="lines+markers",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=col == 1,
+                    line=dict(color=RANKING_COLORS.get(name)),
+                ),
+                row=1,
+                col=col,
+            )
         fig.update_xaxes(title_text=N_AXIS, type="log", row=1, col=col)
     fig.update_yaxes(title_text="mean over sequences, layers and heads (share, 0–1)", row=1, col=1)
     title = f"Selection by ranking against the random control: mean per N over {len(sep)} rows"

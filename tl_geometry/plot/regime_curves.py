@@ -34,8 +34,11 @@ def example_heads(heads: pd.DataFrame, regimes: Sequence[str] = REGIME_ORDER[:3]
     for regime in regimes:
         part = heads[heads["regime"].astype(str) == regime]
         if len(part):
-            best = part.sort_values(["margin", "layer", "head"], ascending=[False, True, True]).iloc[0] \
-                if "margin" in part.columns else part.iloc[0]  # fmt: skip
+            best = (
+                part.sort_values(["margin", "layer", "head"], ascending=[False, True, True]).iloc[0]
+                if "margin" in part.columns
+                else part.iloc[0]
+            )
             out.append((int(best["layer"]), int(best["head"])))
     return out
 
@@ -101,9 +104,11 @@ def regime_diagnostics(
         chosen = [(int(a), int(b)) for a, b in items]
         if not chosen:
             raise InputError("regime_diagnostics(): layer_heads is empty")
-    regime_of = {} if heads is None else {
-        (int(a), int(b)): str(r) for a, b, r in zip(heads["layer"], heads["head"], heads["regime"])
-    }  # fmt: skip
+    regime_of = (
+        {}
+        if heads is None
+        else {(int(a), int(b)): str(r) for a, b, r in zip(heads["layer"], heads["head"], heads["regime"])}
+    )
     titles = [f"{regime_of.get(lh, '?')}: layer {lh[0]}, head {lh[1]}" for lh in chosen]
     fig = make_subplots(rows=2, cols=len(chosen), shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.1)
     for col, (layer, head) in enumerate(chosen, start=1):
@@ -112,12 +117,22 @@ def regime_diagnostics(
             raise InputError(f"regime_diagnostics(): (layer {layer}, head {head}) is not in the features table")
         color = REGIME_COLORS.get(regime_of.get((layer, head), "Unclassified"), REGIME_COLORS["Unclassified"])
         for column, name, dash, row in CURVES:
-            fig.add_trace(go.Scatter(x=part["n"].to_numpy(), y=as_array(part[column]), mode="lines",
-                                     name=f"{name} — L{layer} H{head}", line=dict(color=color, dash=dash),
-                                     showlegend=False), row=row, col=col)  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=part["n"].to_numpy(),
+                    y=as_array(part[column]),
+                    mode="lines",
+                    name=f"{name} — L{layer} H{head}",
+                    line=dict(color=color, dash=dash),
+                    showlegend=False,
+                ),
+                row=row,
+                col=col,
+            )
     for _column, name, dash, row in CURVES:  # legend keys for the line styles
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=name, line=dict(color="black", dash=dash)),
-                      row=row, col=1)  # fmt: skip
+        fig.add_trace(
+            go.Scatter(x=[None], y=[None], mode="lines", name=name, line=dict(color="black", dash=dash)), row=row, col=1
+        )
     fig.update_xaxes(type="log")
     fig.update_xaxes(title_text=N_AXIS, row=2)
     fig.update_yaxes(title_text="norm (value-space units)", row=1, col=1)

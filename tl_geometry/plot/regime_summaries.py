@@ -46,9 +46,16 @@ def regimes_by_layer(heads: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     for regime in REGIME_ORDER:
         part = shares[shares["regime"] == regime].sort_values("layer")
-        fig.add_trace(go.Bar(x=part["layer"].to_numpy(), y=as_array(part["share"]), name=regime,
-                             marker_color=REGIME_COLORS[regime], customdata=part["n_heads"].to_numpy(),
-                             hovertemplate=f"{regime}<br>layer %{{x}}: %{{y:.0%}} (%{{customdata}} heads)<extra></extra>"))  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                x=part["layer"].to_numpy(),
+                y=as_array(part["share"]),
+                name=regime,
+                marker_color=REGIME_COLORS[regime],
+                customdata=part["n_heads"].to_numpy(),
+                hovertemplate=f"{regime}<br>layer %{{x}}: %{{y:.0%}} (%{{customdata}} heads)<extra></extra>",
+            )
+        )
     fig = base_layout(fig, "Head regimes by layer (Fig. 8)", "layer", "share of heads (0–1)")
     fig.update_layout(barmode="stack")
     fig.update_yaxes(range=[0, 1])
@@ -104,11 +111,21 @@ def regime_pr(
     for col, metric in enumerate(("precision", "recall"), start=1):
         for regime in present:
             part = curves[curves["regime"] == regime].sort_values("n")
-            fig.add_trace(go.Scatter(x=part["n"].to_numpy(), y=as_array(part[metric]), mode="lines+markers",
-                                     name=regime, legendgroup=regime, showlegend=col == 1,
-                                     line=dict(color=REGIME_COLORS[regime]), customdata=part["n_heads"].to_numpy(),
-                                     hovertemplate=f"{regime}<br>N = %{{x}}: %{{y:.3f}} (%{{customdata}} heads)<extra></extra>"),
-                          row=1, col=col)  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=part["n"].to_numpy(),
+                    y=as_array(part[metric]),
+                    mode="lines+markers",
+                    name=regime,
+                    legendgroup=regime,
+                    showlegend=col == 1,
+                    line=dict(color=REGIME_COLORS[regime]),
+                    customdata=part["n_heads"].to_numpy(),
+                    hovertemplate=f"{regime}<br>N = %{{x}}: %{{y:.3f}} (%{{customdata}} heads)<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
     fig.update_layout(title=dict(text="Precision and recall by head regime (Fig. 11)"), template="plotly_white")
     fig.update_xaxes(type="log", title_text=N_AXIS)
     fig.update_yaxes(title_text="mean over the regime's heads (share, 0–1)", range=[-0.02, 1.02])

@@ -59,20 +59,36 @@ def cluster_scatter(clusters: Any, *, k: int = 3, mode: str = "strict") -> go.Fi
             mask = (cluster == c) & (regime == label)
             if not mask.any():
                 continue
-            fig.add_trace(go.Scatter(
-                x=as_array(xy[mask, 0]), y=as_array(xy[mask, 1]), mode="markers", name=f"cluster {c} · {label}",
-                text=[n for n, m in zip(names, mask) if m], hovertemplate="%{text}<extra>%{fullData.name}</extra>",
-                marker=dict(color=_CLUSTER_COLORS[c % len(_CLUSTER_COLORS)], symbol=REGIME_SYMBOLS[label], size=8,
-                            line=dict(width=0.5, color="black")),
-            ))  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=as_array(xy[mask, 0]),
+                    y=as_array(xy[mask, 1]),
+                    mode="markers",
+                    name=f"cluster {c} · {label}",
+                    text=[n for n, m in zip(names, mask) if m],
+                    hovertemplate="%{text}<extra>%{fullData.name}</extra>",
+                    marker=dict(
+                        color=_CLUSTER_COLORS[c % len(_CLUSTER_COLORS)],
+                        symbol=REGIME_SYMBOLS[label],
+                        size=8,
+                        line=dict(width=0.5, color="black"),
+                    ),
+                )
+            )
     sil = clusters.silhouette.set_index("k")["silhouette"]
     ari = clusters.agreement.set_index("mode")["ari"]
     sil_text = f"silhouette {sil[k]:.2f}" if k in sil.index else ""
-    title = (f"Heads on their standardised Fig. 7 features: k-means k={k} ({sil_text}), ARI with rule labels "
-             f"{ari.get('strict', np.nan):.2f} strict / {ari.get('nearest', np.nan):.2f} nearest")  # fmt: skip
+    title = (
+        f"Heads on their standardised Fig. 7 features: k-means k={k} ({sil_text}), ARI with rule labels "
+        f"{ari.get('strict', np.nan):.2f} strict / {ari.get('nearest', np.nan):.2f} nearest"
+    )
     share = pca.explained_variance_ratio_
-    return base_layout(fig, title, f"principal component 1 ({share[0]:.0%} of the variance)",
-                       f"principal component 2 ({share[1]:.0%} of the variance)")  # fmt: skip
+    return base_layout(
+        fig,
+        title,
+        f"principal component 1 ({share[0]:.0%} of the variance)",
+        f"principal component 2 ({share[1]:.0%} of the variance)",
+    )
 
 
 def effect_by_regime(table: pd.DataFrame, *, mode: str = "strict", value: str | None = None) -> go.Figure:
@@ -106,9 +122,16 @@ def effect_by_regime(table: pd.DataFrame, *, mode: str = "strict", value: str | 
         part = table[regimes == regime]
         if part.empty:
             continue
-        fig.add_trace(go.Box(
-            y=as_array(part[value]), name=f"{regime} ({len(part)} heads)", boxpoints="all", jitter=0.4, pointpos=0,
-            text=[f"L{a}H{b}" for a, b in zip(part["layer"], part["head"])], marker_color=REGIME_COLORS[regime],
-        ))  # fmt: skip
+        fig.add_trace(
+            go.Box(
+                y=as_array(part[value]),
+                name=f"{regime} ({len(part)} heads)",
+                boxpoints="all",
+                jitter=0.4,
+                pointpos=0,
+                text=[f"L{a}H{b}" for a, b in zip(part["layer"], part["head"])],
+                marker_color=REGIME_COLORS[regime],
+            )
+        )
     title = f"{value} of each head, by regime ({mode} labels)"
     return base_layout(fig, title, "regime", value)

@@ -57,8 +57,15 @@ def separability_by_n(
     mean = sep.groupby("n")[list(metrics)].mean()
     fig = go.Figure()
     for m in metrics:
-        fig.add_trace(go.Scatter(x=mean.index.to_numpy(), y=as_array(mean[m]), mode="lines+markers", name=m,
-                                 line=dict(color=METRIC_COLORS[m])))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=mean.index.to_numpy(),
+                y=as_array(mean[m]),
+                mode="lines+markers",
+                name=m,
+                line=dict(color=METRIC_COLORS[m]),
+            )
+        )
     title = f"Separability of top-N selection (Fig. 5): mean per N over {len(sep)} rows (sequences, layers, heads)"
     return base_layout(fig, title, N_AXIS, "mean over sequences, layers and heads (share, 0–1)", log_x=True)
 
@@ -96,8 +103,13 @@ def envelopes_by_n(
     (no guarantee at that ``N``). The envelopes scale with ``kappa``, a constant the paper leaves
     unnamed, so the figure is only meaningful with it stated.
     """
-    sep = get_table(result, "separability", BOUNDS, "envelopes",
-                    ["n", "precision", "recall", "precision_lower", "precision_upper", "recall_lower", "recall_upper"])  # fmt: skip
+    sep = get_table(
+        result,
+        "separability",
+        BOUNDS,
+        "envelopes",
+        ["n", "precision", "recall", "precision_lower", "precision_upper", "recall_lower", "recall_upper"],
+    )
     stated = (getattr(result, "config", None) or {}).get("bounds") or {}
     known = stated.get("kappa", sep.attrs.get("kappa"))
     if known is not None and kappa is not None and float(known) != float(kappa):
@@ -106,21 +118,53 @@ def envelopes_by_n(
     if kappa is None:
         raise InputError("envelopes(): the table does not record kappa; pass kappa= (the value given to tlg.analyze)")
     table = envelope_table(select_query(sep, query_pos, "envelopes"))
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("Precision P(r_max, N)", "Recall R(r_min, N)"),
-                        shared_xaxes=False, horizontal_spacing=0.08)  # fmt: skip
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=("Precision P(r_max, N)", "Recall R(r_min, N)"),
+        shared_xaxes=False,
+        horizontal_spacing=0.08,
+    )
     k_text = f"κ = {float(kappa):g}"
     for col, m in enumerate(("precision", "recall"), start=1):
         x = table["n"].to_numpy()
-        fig.add_trace(go.Scatter(x=x, y=as_array(table[m]), mode="lines+markers", name=f"mean {m}",
-                                 line=dict(color=MEASURED_COLOR)), row=1, col=col)  # fmt: skip
-        fig.add_trace(go.Scatter(x=x, y=as_array(table[f"{m}_upper"]), mode="lines", name=f"upper envelope ({k_text})",
-                                 line=dict(color=UPPER_COLOR, dash="dot"), legendgroup="upper",
-                                 showlegend=col == 1), row=1, col=col)  # fmt: skip
-        fig.add_trace(go.Scatter(x=x, y=as_array(table[f"{m}_lower"]), mode="lines", name=f"lower envelope ({k_text})",
-                                 line=dict(color=LOWER_COLOR, dash="dash"), legendgroup="lower",
-                                 showlegend=col == 1), row=1, col=col)  # fmt: skip
-    fig.update_layout(title=dict(text=f"Measured separability and the envelopes of Theorems 1–2 (Fig. 5), {k_text}"),
-                      template="plotly_white")  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=x, y=as_array(table[m]), mode="lines+markers", name=f"mean {m}", line=dict(color=MEASURED_COLOR)
+            ),
+            row=1,
+            col=col,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=as_array(table[f"{m}_upper"]),
+                mode="lines",
+                name=f"upper envelope ({k_text})",
+                line=dict(color=UPPER_COLOR, dash="dot"),
+                legendgroup="upper",
+                showlegend=col == 1,
+            ),
+            row=1,
+            col=col,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=as_array(table[f"{m}_lower"]),
+                mode="lines",
+                name=f"lower envelope ({k_text})",
+                line=dict(color=LOWER_COLOR, dash="dash"),
+                legendgroup="lower",
+                showlegend=col == 1,
+            ),
+            row=1,
+            col=col,
+        )
+    fig.update_layout(
+        title=dict(text=f"Measured separability and the envelopes of Theorems 1–2 (Fig. 5), {k_text}"),
+        template="plotly_white",
+    )
     fig.update_xaxes(type="log", title_text=N_AXIS)
     fig.update_yaxes(title_text="mean (share, 0–1)", range=[-0.02, 1.02])
     return fig

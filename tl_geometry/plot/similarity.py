@@ -101,13 +101,33 @@ def similarity_curves(
     for layer, g in chosen:
         one = part[(part["layer"] == layer) & (part["kv_head"] == g)].sort_values("k")
         group, visible = f"L{layer} kv{g}", (layer, g) == first
-        fig.add_trace(go.Scatter(x=one["k"].to_numpy(), y=as_array(one["c"]), mode="markers", name=f"{group}: c(k)",
-                                 legendgroup=group, visible=visible, marker=dict(color=_SELECTED)))  # fmt: skip
-        fig.add_trace(go.Scatter(x=one["k"].to_numpy(), y=as_array(one["fit"]), mode="lines", name=f"{group}: fit",
-                                 legendgroup=group, visible=visible, line=dict(color=_SELECTED, dash="dash")))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=one["k"].to_numpy(),
+                y=as_array(one["c"]),
+                mode="markers",
+                name=f"{group}: c(k)",
+                legendgroup=group,
+                visible=visible,
+                marker=dict(color=_SELECTED),
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=one["k"].to_numpy(),
+                y=as_array(one["fit"]),
+                mode="lines",
+                name=f"{group}: fit",
+                legendgroup=group,
+                visible=visible,
+                line=dict(color=_SELECTED, dash="dash"),
+            )
+        )
     fig.update_layout(updatemenus=[_pair_menu(chosen, first)])
-    title = (f"Cosine similarity by lag, c(k), and its fit exp(−βk) (Fig. 3): median and quartiles of {len(chosen)} "
-             "(layer, kv_head) pairs")  # fmt: skip
+    title = (
+        f"Cosine similarity by lag, c(k), and its fit exp(−βk) (Fig. 3): median and quartiles of {len(chosen)} "
+        "(layer, kv_head) pairs"
+    )
     return base_layout(fig, title, "lag k = |i − j| (positions)", "mean cos(v_i, v_j), i, j > 0")
 
 
@@ -121,14 +141,39 @@ def _add_band(fig: go.Figure, part: pd.DataFrame) -> None:
     by_k = part.groupby("k")
     q = by_k["c"].quantile([0.25, 0.5, 0.75]).unstack()
     x = q.index.to_numpy()
-    fig.add_trace(go.Scatter(x=x, y=as_array(q[0.25]), mode="lines", line=dict(width=0), name="c(k): 25th percentile",
-                             showlegend=False, hoverinfo="skip"))  # fmt: skip
-    fig.add_trace(go.Scatter(x=x, y=as_array(q[0.75]), mode="lines", line=dict(width=0), fill="tonexty",
-                             fillcolor="rgba(31, 119, 180, 0.2)", name="c(k): quartile band"))  # fmt: skip
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=as_array(q[0.25]),
+            mode="lines",
+            line=dict(width=0),
+            name="c(k): 25th percentile",
+            showlegend=False,
+            hoverinfo="skip",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=as_array(q[0.75]),
+            mode="lines",
+            line=dict(width=0),
+            fill="tonexty",
+            fillcolor="rgba(31, 119, 180, 0.2)",
+            name="c(k): quartile band",
+        )
+    )
     fig.add_trace(go.Scatter(x=x, y=as_array(q[0.5]), mode="lines", name="c(k): median", line=dict(color=_BAND)))
     fit = by_k["fit"].median()
-    fig.add_trace(go.Scatter(x=fit.index.to_numpy(), y=as_array(fit), mode="lines", name="fit: median",
-                             line=dict(color=_BAND, dash="dash")))  # fmt: skip
+    fig.add_trace(
+        go.Scatter(
+            x=fit.index.to_numpy(),
+            y=as_array(fit),
+            mode="lines",
+            name="fit: median",
+            line=dict(color=_BAND, dash="dash"),
+        )
+    )
 
 
 def _pair_menu(chosen: list[tuple[int, int]], first: tuple[int, int]) -> dict:
@@ -137,5 +182,13 @@ def _pair_menu(chosen: list[tuple[int, int]], first: tuple[int, int]) -> dict:
     for i, (layer, g) in enumerate(chosen):
         visible = [True] * _N_SUMMARY + [j == i for j in range(len(chosen)) for _ in range(2)]
         buttons.append(dict(label=f"layer {layer}, kv head {g}", method="restyle", args=[{"visible": visible}]))
-    return dict(buttons=buttons, active=chosen.index(first), direction="down", x=1.0, xanchor="right", y=1.12,
-                yanchor="top", showactive=True)  # fmt: skip
+    return dict(
+        buttons=buttons,
+        active=chosen.index(first),
+        direction="down",
+        x=1.0,
+        xanchor="right",
+        y=1.12,
+        yanchor="top",
+        showactive=True,
+    )

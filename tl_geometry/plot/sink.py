@@ -77,10 +77,28 @@ def sink_correlation(
     custom = table["n_heads"].to_numpy() if "n_heads" in table.columns else None
     hover = "N = %{x}<br>%{y:.3f}" + ("<br>heads: %{customdata}" if custom is not None else "")
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=x, y=as_array(table["pearson"]), mode="lines+markers", name="Pearson r",
-                             line=dict(color=PEARSON_COLOR), customdata=custom, hovertemplate=hover))  # fmt: skip
-    fig.add_trace(go.Scatter(x=x, y=as_array(table["spearman"]), mode="lines+markers", name="Spearman ρ",
-                             line=dict(color=SPEARMAN_COLOR, dash="dash"), customdata=custom, hovertemplate=hover))  # fmt: skip
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=as_array(table["pearson"]),
+            mode="lines+markers",
+            name="Pearson r",
+            line=dict(color=PEARSON_COLOR),
+            customdata=custom,
+            hovertemplate=hover,
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=as_array(table["spearman"]),
+            mode="lines+markers",
+            name="Spearman ρ",
+            line=dict(color=SPEARMAN_COLOR, dash="dash"),
+            customdata=custom,
+            hovertemplate=hover,
+        )
+    )
     fig.add_hline(y=0, line_color="grey", line_width=1)
     heads = f" across {int(table['n_heads'].max())} heads" if "n_heads" in table.columns else ""
     title = f"Sink effect (Fig. 6): correlation of mean recall(N) with ρ_0{heads}"

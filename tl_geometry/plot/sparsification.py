@@ -60,17 +60,35 @@ def loss_curve(curve: SparsificationCurve, tolerance: float = DEFAULT_TOLERANCE)
         points = points.sort_values("n")
         color = RANKING_COLORS.get(rank_by, "#000000")
         dash = "dash" if rank_by == BASELINE else ("dot" if renorm else "solid")
-        fig.add_trace(go.Scatter(x=points.n, y=points.delta_nll_rel, mode="lines+markers", name=_label(rank_by, renorm),
-                                 line=dict(color=color, dash=dash)))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=points.n,
+                y=points.delta_nll_rel,
+                mode="lines+markers",
+                name=_label(rank_by, renorm),
+                line=dict(color=color, dash=dash),
+            )
+        )
         star = n_star.get((rank_by, bool(renorm)))
         if star is not None and not pd.isna(star):
             y = float(points.loc[points.n == star, "delta_nll_rel"].iloc[0])
-            fig.add_trace(go.Scatter(x=[int(star)], y=[y], mode="markers", marker=dict(symbol="star", size=14, color=color),
-                                     name=f"N* {_label(rank_by, renorm)} = {int(star)}", showlegend=True))  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=[int(star)],
+                    y=[y],
+                    mode="markers",
+                    marker=dict(symbol="star", size=14, color=color),
+                    name=f"N* {_label(rank_by, renorm)} = {int(star)}",
+                    showlegend=True,
+                )
+            )
     fig.add_hline(y=tolerance, line=dict(color="black", dash="dash", width=1), annotation_text=f"τ = {tolerance:g}")
-    fig.update_layout(title="Loss of the top-N intervention by N (relative NLL increase)", template="plotly_white",
-                      xaxis=dict(type="log", title="N (keys kept per query, log scale)"),
-                      yaxis=dict(title="delta_nll_rel = (NLL_N − NLL) / NLL"))  # fmt: skip
+    fig.update_layout(
+        title="Loss of the top-N intervention by N (relative NLL increase)",
+        template="plotly_white",
+        xaxis=dict(type="log", title="N (keys kept per query, log scale)"),
+        yaxis=dict(title="delta_nll_rel = (NLL_N − NLL) / NLL"),
+    )
     return fig
 
 
@@ -95,15 +113,27 @@ def geometry_vs_loss(
         if both.empty:
             continue
         rho = rhos.get((rank_by, bool(renormalize), geometry), np.nan)
-        fig.add_trace(go.Scatter(
-            x=both[geometry], y=both.delta_nll_rel, mode="markers+text", text=[f"N={n}" for n in both.index],
-            textposition="top center", name=f"{rank_by} (ρ = {rho:.2f})",
-            marker=dict(color=RANKING_COLORS.get(rank_by, "#000000"), symbol="diamond" if rank_by == BASELINE else "circle"),
-        ))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=both[geometry],
+                y=both.delta_nll_rel,
+                mode="markers+text",
+                text=[f"N={n}" for n in both.index],
+                textposition="top center",
+                name=f"{rank_by} (ρ = {rho:.2f})",
+                marker=dict(
+                    color=RANKING_COLORS.get(rank_by, "#000000"), symbol="diamond" if rank_by == BASELINE else "circle"
+                ),
+            )
+        )
     if not fig.data:
         raise InputError("no size N is both in the separability table and in the curve: analyse with the curve's ns")
-    fig.update_layout(title=f"Geometry against function: mean {geometry} vs loss, one point per N", template="plotly_white",
-                      xaxis=dict(title=f"mean {geometry}"), yaxis=dict(title="delta_nll_rel"))  # fmt: skip
+    fig.update_layout(
+        title=f"Geometry against function: mean {geometry} vs loss, one point per N",
+        template="plotly_white",
+        xaxis=dict(title=f"mean {geometry}"),
+        yaxis=dict(title="delta_nll_rel"),
+    )
     return fig
 
 
@@ -119,13 +149,27 @@ def localized_loss_map(local: pd.DataFrame) -> go.Figure:
     ):
         raise InputError("localized_loss_map needs the table of tlg.localized_loss(model, corpus, unit='head')")
     by_head = local["head"].notna().all()
-    grid = (local.pivot(index="layer", columns="head", values="delta_nll_rel") if by_head
-            else local.set_index("layer")[["delta_nll_rel"]].rename(columns={"delta_nll_rel": "all heads"}))  # fmt: skip
+    grid = (
+        local.pivot(index="layer", columns="head", values="delta_nll_rel")
+        if by_head
+        else local.set_index("layer")[["delta_nll_rel"]].rename(columns={"delta_nll_rel": "all heads"})
+    )
     n, rank_by = local["n"].iloc[0], local["rank_by"].iloc[0]
-    fig = go.Figure(go.Heatmap(z=grid.to_numpy(float), x=[str(c) for c in grid.columns], y=list(grid.index),
-                               colorscale="Reds", colorbar=dict(title="delta_nll_rel")))  # fmt: skip
-    fig.update_layout(title=f"Localised loss: one {'head' if by_head else 'layer'} restricted to top-{n} ({rank_by})",
-                      template="plotly_white", xaxis=dict(title="head"), yaxis=dict(title="layer", autorange="reversed"))  # fmt: skip
+    fig = go.Figure(
+        go.Heatmap(
+            z=grid.to_numpy(float),
+            x=[str(c) for c in grid.columns],
+            y=list(grid.index),
+            colorscale="Reds",
+            colorbar=dict(title="delta_nll_rel"),
+        )
+    )
+    fig.update_layout(
+        title=f"Localised loss: one {'head' if by_head else 'layer'} restricted to top-{n} ({rank_by})",
+        template="plotly_white",
+        xaxis=dict(title="head"),
+        yaxis=dict(title="layer", autorange="reversed"),
+    )
     return fig
 
 

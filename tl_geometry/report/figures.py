@@ -87,8 +87,12 @@ def as_report_figures(figures: Iterable[Any]) -> list[ReportFigure]:
             fig = item
         elif isinstance(item, (tuple, list)) and len(item) in (3, 4):
             title, description, figure = item[0], item[1], item[2]
-            fig = ReportFigure(str(title), "" if description is None else str(description), figure,
-                               section=item[3] if len(item) == 4 else None)  # fmt: skip
+            fig = ReportFigure(
+                str(title),
+                "" if description is None else str(description),
+                figure,
+                section=item[3] if len(item) == 4 else None,
+            )
         else:
             raise InputError(
                 f"figure {i} is a {type(item).__name__}: give (title, description, plotly Figure) tuples, "
@@ -248,9 +252,16 @@ def default_figures(result: Any, heads: Any = None) -> list[ReportFigure]:
             continue
         except Exception as exc:  # noqa: BLE001 - a broken figure must not stop the report
             warnings.warn(f"{source} failed and is left out of the report: {type(exc).__name__}: {exc}", stacklevel=2)
-            out.append(ReportFigure(heading, summary, None, section,
-                                    note=f"not available: {source} failed ({type(exc).__name__}: {exc})",
-                                    source=source))  # fmt: skip
+            out.append(
+                ReportFigure(
+                    heading,
+                    summary,
+                    None,
+                    section,
+                    note=f"not available: {source} failed ({type(exc).__name__}: {exc})",
+                    source=source,
+                )
+            )
             continue
         figures = drawn if isinstance(drawn, (list, tuple)) else [drawn]
         figures = [f for f in figures if _is_figure(f)]
@@ -274,8 +285,15 @@ def regime_test_figures(result: Any, heads: Any, effects: Any = None) -> list[Re
     clusters_source = "tl_geometry.plot.cluster_scatter"
     try:
         clusters = regime_clusters(result, k=range(2, 7), seed=0)
-        out.append(ReportFigure(clusters_title, _summary_line(plot.cluster_scatter), plot.cluster_scatter(clusters),
-                                "taxonomy", source=clusters_source))  # fmt: skip
+        out.append(
+            ReportFigure(
+                clusters_title,
+                _summary_line(plot.cluster_scatter),
+                plot.cluster_scatter(clusters),
+                "taxonomy",
+                source=clusters_source,
+            )
+        )
     except InputError as exc:
         out.append(
             ReportFigure(clusters_title, "", None, "taxonomy", note=f"not available: {exc}", source=clusters_source)
@@ -283,14 +301,23 @@ def regime_test_figures(result: Any, heads: Any, effects: Any = None) -> list[Re
     effect_title = "Do the regimes differ in function? Per-head effect by regime"
     effect_source = "tl_geometry.plot.effect_by_regime"
     if effects is None or heads is None:
-        note = ("not available: pass effects= (tlg.intervention.patching.head_out(...), tlg.intervention.patching.mean_ablation(model, tokens) "
-                "or the localised loss) and a heads table, or run `tl-geometry run --mean-ablation`")  # fmt: skip
+        note = (
+            "not available: pass effects= (tlg.intervention.patching.head_out(...), tlg.intervention.patching.mean_ablation(model, tokens) "
+            "or the localised loss) and a heads table, or run `tl-geometry run --mean-ablation`"
+        )
         out.append(ReportFigure(effect_title, "", None, "taxonomy", note=note, source=effect_source))
         return out
     try:
         table = join_heads(effects, heads)
-        out.append(ReportFigure(effect_title, _summary_line(plot.effect_by_regime), plot.effect_by_regime(table),
-                                "taxonomy", source=effect_source))  # fmt: skip
+        out.append(
+            ReportFigure(
+                effect_title,
+                _summary_line(plot.effect_by_regime),
+                plot.effect_by_regime(table),
+                "taxonomy",
+                source=effect_source,
+            )
+        )
     except InputError as exc:
         out.append(ReportFigure(effect_title, "", None, "taxonomy", note=f"not available: {exc}", source=effect_source))
     return out

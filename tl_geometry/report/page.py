@@ -129,8 +129,10 @@ def section_html(
     """One ``<section>``; returns its HTML and the next figure index."""
     title = SECTIONS[key]
     extra = f' <span class="extra">{esc(summary.heading_extra)}</span>' if summary and summary.heading_extra else ""
-    out = [f'<section id="{key}" data-available="{str(bool(summary is None or summary.available)).lower()}">',
-           f"<h2>{esc(title)}{extra}</h2>"]  # fmt: skip
+    out = [
+        f'<section id="{key}" data-available="{str(bool(summary is None or summary.available)).lower()}">',
+        f"<h2>{esc(title)}{extra}</h2>",
+    ]
     if summary is not None:
         if summary.available:
             if summary.lead:

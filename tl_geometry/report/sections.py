@@ -123,8 +123,22 @@ def envelope_summary(result: Any) -> Summary:
         table = result.envelopes()
     except InputError as exc:
         return Summary(False, note=f"not available: {exc}")
-    cols = [c for c in ("n", "rows", "precision", "precision_lower", "precision_upper", "precision_inside",
-                        "recall", "recall_lower", "recall_upper", "recall_inside") if c in table]  # fmt: skip
+    cols = [
+        c
+        for c in (
+            "n",
+            "rows",
+            "precision",
+            "precision_lower",
+            "precision_upper",
+            "precision_inside",
+            "recall",
+            "recall_lower",
+            "recall_upper",
+            "recall_inside",
+        )
+        if c in table
+    ]
     extra = f"κ = {_fmt(kappa)}" + (f", ρ {bounds_cfg['rho']}" if bounds_cfg.get("rho") else "")
     lead = (
         f"Theorems 1–2 and Corollary 1 (definitions §4) with κ = {_fmt(kappa)} (the paper's unnamed concentration "
@@ -142,12 +156,16 @@ def _stats(frame: pd.DataFrame, columns: list[str], over: str) -> pd.DataFrame:
             continue
         x = pd.to_numeric(frame[c], errors="coerce")
         finite = x[np.isfinite(x)]
-        rows.append({
-            "statistic": c, "over": over, "count": int(finite.size),
-            "median": float(finite.median()) if finite.size else np.nan,
-            "min": float(finite.min()) if finite.size else np.nan,
-            "max": float(finite.max()) if finite.size else np.nan,
-        })  # fmt: skip
+        rows.append(
+            {
+                "statistic": c,
+                "over": over,
+                "count": int(finite.size),
+                "median": float(finite.median()) if finite.size else np.nan,
+                "min": float(finite.min()) if finite.size else np.nan,
+                "max": float(finite.max()) if finite.size else np.nan,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -170,8 +188,12 @@ def diagnostics_summary(result: Any) -> Summary:
         lead += f" The profile law fits {int(profile['fit_ok'].sum())} of {len(profile)} heads (fit_ok)."
     k_max = ((result.config or {}).get("diagnostics") or {}).get("k_max")
     extra = f"k_max = {k_max}" if k_max is not None else ""
-    return Summary(True, heading_extra=extra, lead=lead,
-                   tables=[("Summary over layers and heads", pd.concat(frames, ignore_index=True))])  # fmt: skip
+    return Summary(
+        True,
+        heading_extra=extra,
+        lead=lead,
+        tables=[("Summary over layers and heads", pd.concat(frames, ignore_index=True))],
+    )
 
 
 def heads_table(result: Any) -> tuple[pd.DataFrame | None, str | None]:

@@ -36,8 +36,10 @@ def sparsification_summary(curve: Any, n_star: pd.DataFrame, correlations: pd.Da
     """The section's lead paragraph and tables."""
     table = curve.table.pivot_table(index="n", columns=["rank_by", "renormalize"], values="delta_nll_rel")
     table.columns = [f"{r} ({'renorm' if f else 'del'})" for r, f in table.columns]
-    tables = [("N*_tau per ranking and renormalisation (sizes tried listed)", n_star),
-              ("delta_nll_rel by N", table.reset_index())]  # fmt: skip
+    tables = [
+        ("N*_tau per ranking and renormalisation (sizes tried listed)", n_star),
+        ("delta_nll_rel by N", table.reset_index()),
+    ]
     if correlations is not None and not correlations.empty:
         tables.append(("Geometry against function (Spearman's rho)", correlations))
     lead = (
@@ -54,8 +56,15 @@ def sparsification_figures(
     """Figures (b), (c) (with ``result``) and (d) (with ``local``), or a "not available" entry each."""
     from tl_geometry.plot.sparsification import geometry_vs_loss, localized_loss_map, loss_curve
 
-    out = [ReportFigure("Loss by N (b)", "delta_nll_rel per ranking and renormalisation; N* starred", loss_curve(curve, tolerance),
-                        SECTION, source="tl_geometry.plot.loss_curve")]  # fmt: skip
+    out = [
+        ReportFigure(
+            "Loss by N (b)",
+            "delta_nll_rel per ranking and renormalisation; N* starred",
+            loss_curve(curve, tolerance),
+            SECTION,
+            source="tl_geometry.plot.loss_curve",
+        )
+    ]
     for title, fn, needs, why in (
         (
             "Geometry against loss (c)",
@@ -91,8 +100,13 @@ def write_sparsify_report(
     section, _ = section_html(SECTION, summary, figures, 0)
     config = curve.config or {}
     meta = meta_html([("Curve", [(str(k), str(v)) for k, v in config.items()] + [("tolerance", f"{tolerance:g}")])])
-    page = page_html(f"tl_geometry sparsification: {config.get('model', 'model')}", meta, [(SECTION, "Sparsification", True)],
-                     [section], footer_html(str(out_dir)))  # fmt: skip
+    page = page_html(
+        f"tl_geometry sparsification: {config.get('model', 'model')}",
+        meta,
+        [(SECTION, "Sparsification", True)],
+        [section],
+        footer_html(str(out_dir)),
+    )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return write_atomic(out / "index.html", lambda p: p.write_text(page, encoding="utf-8"))

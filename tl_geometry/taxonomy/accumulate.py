@@ -146,14 +146,17 @@ class FeatureAccumulator:
             "kv_head_of": self.kv_head_of.clone(),
             "states": [
                 {
-                    "key": list(key), "ns": st.ns.clone(), "count": st.count, "seqs": sorted(st.seqs),
+                    "key": list(key),
+                    "ns": st.ns.clone(),
+                    "count": st.count,
+                    "seqs": sorted(st.seqs),
                     "sums": {k: x.clone() for k, x in st.sums.items()},
                     "sumsq": {k: x.clone() for k, x in st.sumsq.items()},
                     "loo_count": {k: x.clone() for k, x in st.loo_count.items()},
                 }
                 for key, st in self.states.items()
             ],
-        }  # fmt: skip
+        }
 
     @classmethod
     def from_state_dict(cls, state: dict) -> "FeatureAccumulator":

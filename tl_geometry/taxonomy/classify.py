@@ -160,11 +160,31 @@ class RegimeThresholds:
 
 
 HEAD_FEATURE_COLUMNS = [
-    "layer", "head", "kv_head", "query_pos", "n_keys", "n_seqs",
-    "c_sink", "c_sink_std", "c_last", "c_last_std", "c_rest", "c_rest_std", "rho_0", "rho_0_std",
-    "cos_vL_low", "cos_vL_high", "cos_v0_small", "cos_v0_large", "shift_v0",
-    "cos_vL_small", "cos_vL_large", "shift_vL", "drop_sink", "drop_last",
-]  # fmt: skip
+    "layer",
+    "head",
+    "kv_head",
+    "query_pos",
+    "n_keys",
+    "n_seqs",
+    "c_sink",
+    "c_sink_std",
+    "c_last",
+    "c_last_std",
+    "c_rest",
+    "c_rest_std",
+    "rho_0",
+    "rho_0_std",
+    "cos_vL_low",
+    "cos_vL_high",
+    "cos_v0_small",
+    "cos_v0_large",
+    "shift_v0",
+    "cos_vL_small",
+    "cos_vL_large",
+    "shift_vL",
+    "drop_sink",
+    "drop_last",
+]
 
 
 def head_features(
@@ -202,8 +222,22 @@ def head_features(
     t = t.assign(n_keys=t["query_pos"] + 1)
     keys = ["layer", "head"]
     g = t.groupby(keys, sort=True)
-    first = g[["kv_head", "query_pos", "n_keys", "n_seqs", "c_sink", "c_sink_std", "c_last", "c_last_std",
-               "c_rest", "c_rest_std", "rho_0", "rho_0_std"]].first()  # fmt: skip
+    first = g[
+        [
+            "kv_head",
+            "query_pos",
+            "n_keys",
+            "n_seqs",
+            "c_sink",
+            "c_sink_std",
+            "c_last",
+            "c_last_std",
+            "c_rest",
+            "c_rest_std",
+            "rho_0",
+            "rho_0_std",
+        ]
+    ].first()
     out = first.copy()
     out["cos_vL_low"] = g["cos_s_vL"].quantile(1 - stay_share)
     out["cos_vL_high"] = g["cos_s_vL"].quantile(stay_share)

@@ -185,9 +185,12 @@ def regime_clusters(
         rule = labels[f"regime_{mode}"].astype(str)
         agreement.append({"mode": mode, "k": RULE_K, "ari": float(adjusted_rand_score(rule, clusters))})
         contingency[mode] = pd.crosstab(
-            pd.Categorical(rule, categories=list(ALL_LABELS)), clusters, rownames=["regime"], colnames=["cluster"],
+            pd.Categorical(rule, categories=list(ALL_LABELS)),
+            clusters,
+            rownames=["regime"],
+            colnames=["cluster"],
             dropna=False,
-        )  # fmt: skip
+        )
     return RegimeClusters(
         features=features,
         standardized=x,

@@ -63,8 +63,9 @@ def _labels(heads: Any, result: Any) -> pd.DataFrame:
             raise InputError("join_heads needs the heads table (classify_heads) or a result to classify")
         heads = classify_heads(result)
     check_heads(heads, "join_heads")
-    cols = [c for c in ("regime", "regime_strict", "regime_nearest", "margin", "deciding", "kv_head")
-            if c in heads.columns]  # fmt: skip
+    cols = [
+        c for c in ("regime", "regime_strict", "regime_nearest", "margin", "deciding", "kv_head") if c in heads.columns
+    ]
     return heads[JOIN_KEYS + cols]
 
 
@@ -209,13 +210,27 @@ def regime_function(
     for regime, x in groups.items():
         low = high = float("nan")
         if len(x) >= 2 and np.ptp(x) > 0:
-            ci = stats.bootstrap((x,), np.mean, confidence_level=confidence, n_resamples=n_resamples,
-                                 method="percentile", random_state=seed).confidence_interval  # fmt: skip
+            ci = stats.bootstrap(
+                (x,),
+                np.mean,
+                confidence_level=confidence,
+                n_resamples=n_resamples,
+                method="percentile",
+                random_state=seed,
+            ).confidence_interval
             low, high = float(ci.low), float(ci.high)
         elif len(x) >= 2:
             low = high = float(x[0])
-        rows.append({"regime": regime, "n_heads": len(x), "mean": float(x.mean()), "median": float(np.median(x)),
-                     "ci_low": low, "ci_high": high})  # fmt: skip
+        rows.append(
+            {
+                "regime": regime,
+                "n_heads": len(x),
+                "mean": float(x.mean()),
+                "median": float(np.median(x)),
+                "ci_low": low,
+                "ci_high": high,
+            }
+        )
     testable = [x for x in groups.values() if len(x) >= 2]
     statistic = pvalue = float("nan")
     if len(testable) >= 2 and np.ptp(np.concatenate(testable)) > 0:

@@ -119,10 +119,16 @@ class TaxonomyObserver:
             ns = resolve_ns(self.ns, n_keys, device=values.device)
             rho_kv = sink_similarity(values_kv[:, :n_keys].transpose(1, 2))  # [b, g]
             accumulate_rows(
-                self.acc, labels, seq_ids, batch.layer, q, ns,
-                batch.weights[:, :, qi, :n_keys].to(self.dtype), values[:, :, :n_keys],
+                self.acc,
+                labels,
+                seq_ids,
+                batch.layer,
+                q,
+                ns,
+                batch.weights[:, :, qi, :n_keys].to(self.dtype),
+                values[:, :, :n_keys],
                 rho_kv.index_select(1, self.kv_head_of.to(rho_kv.device)),
-            )  # fmt: skip
+            )
 
     def features(self, part: Any = None) -> pd.DataFrame:
         """The features table (see :data:`tl_geometry.taxonomy.accumulate.TABLE_COLUMNS`).
@@ -187,8 +193,11 @@ def accumulate_rows(
     for part in dict.fromkeys(labels):
         rows = torch.tensor([i for i, lab in enumerate(labels) if lab == part], dtype=torch.int64)
         acc.add(
-            part, layer, query_pos, ns,
+            part,
+            layer,
+            query_pos,
+            ns,
             {k: x.index_select(0, rows.to(x.device)) for k, x in scalars.items()},
             {k: x.index_select(0, rows.to(x.device)) for k, x in curves.items()},
             [seq_ids[i] for i in rows.tolist()],
-        )  # fmt: skip
+        )

@@ -15,9 +15,17 @@ from tl_geometry.taxonomy.classify import ALL_LABELS, classify_heads
 
 SHARE_COLUMNS = ["layer", "regime", "n_heads", "share"]
 PR_COLUMNS = [
-    "regime", "n", "precision", "precision_std", "recall", "recall_std",
-    "f_at_rmax", "f_at_rmin", "n_heads", "n_rows",
-]  # fmt: skip
+    "regime",
+    "n",
+    "precision",
+    "precision_std",
+    "recall",
+    "recall_std",
+    "f_at_rmax",
+    "f_at_rmin",
+    "n_heads",
+    "n_rows",
+]
 
 
 def regime_shares(heads: pd.DataFrame) -> pd.DataFrame:
@@ -93,8 +101,10 @@ class ClassificationStability:
         return pd.crosstab(
             pd.Categorical(self.table["regime_a"], categories=cats),
             pd.Categorical(self.table["regime_b"], categories=cats),
-            rownames=["regime_a"], colnames=["regime_b"], dropna=False,
-        )  # fmt: skip
+            rownames=["regime_a"],
+            colnames=["regime_b"],
+            dropna=False,
+        )
 
 
 def classification_stability(

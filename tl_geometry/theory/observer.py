@@ -23,10 +23,18 @@ from tl_geometry.models import ModelInfo
 from tl_geometry.theory.bounds import BOUND_FIELDS, F_BOUND_FIELDS, RhoLike, bounds, resolve_rho
 
 BOUND_COLUMNS = [
-    "precision_lower", "precision_upper", "recall_lower", "recall_upper",
-    "f_at_rmax_lower", "f_at_rmax_upper", "f_at_rmin_lower", "f_at_rmin_upper",
-    "delta", "delta0", "scale",
-]  # fmt: skip
+    "precision_lower",
+    "precision_upper",
+    "recall_lower",
+    "recall_upper",
+    "f_at_rmax_lower",
+    "f_at_rmax_upper",
+    "f_at_rmin_lower",
+    "f_at_rmin_upper",
+    "delta",
+    "delta0",
+    "scale",
+]
 BOUNDS_COLUMNS = KEY_COLUMNS + BOUND_COLUMNS
 
 
@@ -145,9 +153,10 @@ def envelopes(
     for m in ("precision", "recall"):
         out[f"{m}_mean_inside"] = (out[m] >= out[f"{m}_lower"] - tolerance) & (out[m] <= out[f"{m}_upper"] + tolerance)
     order = ["rows"] + [
-        f"{m}{s}" for m in ("precision", "recall")
+        f"{m}{s}"
+        for m in ("precision", "recall")
         for s in ("", "_lower", "_upper", "_inside", "_below", "_above", "_mean_inside")
-    ]  # fmt: skip
+    ]
     out = out[order].reset_index()
     out.attrs = dict(df.attrs)
     return out
