@@ -1,36 +1,17 @@
 """Fit of the piecewise attention-weight law of Assumption 3 (definitions §3, paper §3.3, Fig. 4).
 
-Model of a profile ``alpha_0 .. alpha_{K-1}`` (keys of one query row, ``n = K - 1`` content keys):
+Model of a profile ``alpha_0 .. alpha_{K-1}`` (``n = K - 1`` content keys)::
 
     alpha_0 = p_sink
     alpha_i = p_base                                   1 <= i <= T1
     alpha_i = p_base (1 + eta_osc cos(omega i))        T1 < i <= T2
     alpha_i = p_base exp(eta_exp (i - T2))             T2 < i <= n
 
-``p_sink`` is ``alpha_0`` itself. The rest is fitted by least squares on ``y_i = log max(alpha_i,
-floor)``, ``i = 1..n``, in three stages, vectorised over profiles:
-
-1. **Recency (T2, eta_exp).** With the oscillation left out (it averages out), the model is
-   linear in ``(log p_base, eta_exp)`` for each ``T2``; prefix sums give the residual sum of
-   squares of *every* ``T2 = 1..n`` at once.
-2. **Oscillation (T1, omega).** On ``1..T2`` the residual ``r_i`` is regressed on
-   ``cos(omega i)`` restricted to ``(T1, T2]`` (the first-order expansion
-   ``log(1 + eta cos) ~ eta cos``). For a grid of ``n_omega`` frequencies ``pi j / n_omega``
-   and 64 values of ``T1`` (block boundaries), block sums (one matrix product) give the
-   reduction of the sum of squares; then ``T1`` is re-chosen among *all* positions for the best
-   ``omega``, ``omega`` is refined locally (to ~1e-3 of the grid step) for that ``T1``, twice.
-3. **Exact refit.** With ``T1, T2, omega`` fixed, ``eta_osc`` is searched on ``(-1, 1)`` with
-   the exact ``log(1 + eta_osc cos(omega i))`` while ``(log p_base, eta_exp)`` are solved in
-   closed form for each candidate.
-
-A phase is kept only if it pays for itself: with ``n_s`` points and sums of squares ``SSE_0``
-without it and ``SSE_1`` with it, the gain ``n_s log(SSE_0 / SSE_1)`` (twice a Gaussian
-log-likelihood ratio) must exceed ``2 log(#candidates) + 6``, a threshold above the largest
-gain that pure noise reaches when searching that many candidates. Without an oscillation phase
-``T1 = T2`` and ``eta_osc = omega = NaN``; without a recency phase ``T2 = n`` and
-``eta_exp = NaN``. Nothing here raises on a degenerate profile: zeros and non-finite entries
-are floored before the log, counted in ``n_floored``, and make ``fit_ok`` False (the error
-would depend on the floor).
+fitted by least squares on ``log max(alpha_i, floor)``, vectorised over profiles: recency, then
+oscillation, then an exact refit; a phase is kept only if it pays for itself (without one,
+``T1 = T2`` and ``eta_osc = omega = NaN``, or ``T2 = n`` and ``eta_exp = NaN``). Nothing raises on
+a degenerate profile: floored entries are counted in ``n_floored`` and make ``fit_ok`` False.
+The stages and the threshold: docs/diagnostics.md §2 ("How the profile is fitted").
 """
 
 from __future__ import annotations

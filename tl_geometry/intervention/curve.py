@@ -1,15 +1,10 @@
 """The sparsification curve ``delta_nll_rel(N)`` and the effective attention set size (definitions §8).
 
-For every ranking ``r`` and renormalisation flag, and every size ``N`` of a grid,
-``delta_nll_rel(N) = (NLL_N - NLL) / NLL`` where ``NLL_N`` is the corpus loss with every attention
-row of every head restricted to its top-``N`` keys (:func:`top_n_attention`) and ``NLL`` the full
-model's loss (computed once). ``N*_tau = min{N evaluated: delta_nll_rel(N) <= tau}``; refinement
-bisects between the largest failing size below ``N*`` and ``N*``.
-
-A size ``N >= L`` (the window length) restricts nothing; its row is the full loss, without a
-forward pass. With ``out_dir`` every point is written as soon as it is measured
-(``curve.json``, atomically), and a later call with the same model, windows and settings resumes
-from there: a resumed curve equals an uninterrupted one.
+For every ranking, renormalisation flag and size ``N`` of a grid,
+``delta_nll_rel(N) = (NLL_N - NLL) / NLL`` with every attention row restricted to its top-``N``
+keys; ``N*_tau = min{N evaluated: delta_nll_rel(N) <= tau}``. With ``out_dir`` every point is
+saved as measured and a later call resumes. Details: docs/sparsification.md; columns:
+docs/columns.md#sparsification-curve.
 
 Examples
 --------

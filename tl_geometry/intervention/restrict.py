@@ -1,13 +1,12 @@
 """Restricting attention rows to their top-``N`` keys (definitions §8), as pure tensor functions.
 
-For one layer's pattern ``alpha[b, h, q, k]`` (causal: keys ``k <= q``) and a score per key under a
-ranking (:mod:`tl_geometry.core.rankings`, definitions §7), every query row with more than ``N``
-visible keys keeps only the keys of ``I_N`` (the ``N`` highest scores, ties to the lower key index):
+Every query row with more than ``N`` visible keys keeps only ``I_N`` (the ``N`` highest scores
+under a ranking, ties to the lower key index); a shorter row is returned unchanged::
 
-* deletion (``renormalize=False``): ``alpha'_i = alpha_i`` for ``i in I_N``, ``0`` otherwise;
-* renormalisation (``renormalize=True``): ``alpha'_i = alpha_i / sum_{j in I_N} alpha_j`` on ``I_N``.
+    deletion (renormalize=False):       alpha'_i = alpha_i               on I_N, 0 elsewhere
+    renormalisation (renormalize=True): alpha'_i = alpha_i / sum_{I_N} alpha_j
 
-A row with at most ``N`` visible keys (``q + 1 <= N``) is returned unchanged, bit for bit.
+Details: docs/definitions.md §8.
 
 Examples
 --------

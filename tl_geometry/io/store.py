@@ -1,22 +1,10 @@
 """The on-disk store of a resumable run: per-batch parts, observer states, and the run's identity.
 
-Layout of ``directory``::
-
-    progress.json                   format, identity, sequences done, parts, state files
-    separability/part-AAAAAA-BBBBBB.parquet    the rows of one batch
-    separability.parquet            every row in key order, merged from the parts when the run ends
-    state/NAME-NNNNNN.pt            the accumulators' states after NNNNNN sequences
-
-A part and the states are written (aside, then renamed) before ``progress.json`` records them, so
-an interruption at any moment, SIGKILL included, leaves a store that resumes without loss or
-duplicates. Nothing is written before the first batch is done: a run that fails early leaves no
-store behind to block the corrected command.
-
-The *identity* of a run (:func:`run_identity`) is the model (name, geometry and a fingerprint of
-its weights), the token windows (shape and SHA-256) and every result-changing setting. Resuming
-with another identity is refused with one line naming what differs, and the saved run is left as
-it is. A damaged store (unreadable ``progress.json``, a missing or truncated part or state) is
-refused with one line naming the file.
+A part and the states are written aside and renamed before ``progress.json`` records them, so an
+interruption at any moment leaves a store that resumes without loss or duplicates. Resuming with
+another identity (:func:`run_identity`: model, token windows, result-changing settings) or from a
+damaged store is refused with one line naming what differs or which file. Layout and rules:
+docs/scaling.md ("The resumable store").
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """Many processes under ``torchrun``: disjoint shards of the windows, one merged result.
 
-``torchrun --nproc-per-node=P -m tl_geometry run ...`` starts ``P`` copies of the command line
-(:mod:`tl_geometry.cli.app`). Each reads ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK`` from its environment
-(:meth:`World.from_env`), joins the process group (``gloo`` on the CPU, ``nccl`` on
-``cuda:LOCAL_RANK``), and analyses the windows ``i`` with ``i % WORLD_SIZE == RANK``
-(:func:`shard_windows`) with its own copy of the model, writing its own resumable store in
-``OUT/progress/shard-RRRRR-of-WWWWW/``. When every rank is done, rank 0 gathers each rank's rows and
-accumulator states through ``torch.distributed.gather_object``, merges the accumulators
-(``Observer.merge``: sums over windows) and writes one set of tables and one report.
-
-The rows equal those of a single-process run with the same arguments (they are computed per
-window, and sorted by window, layer, head, query and ``N`` in both); the tables made from
-accumulated sums (diagnostics, regime features) add the same per-window terms in another order,
-so they agree to rounding (1e-15 relative for sums; a standard deviation ``sqrt(E[x^2] - E[x]^2)``
-of a quantity with no spread can read 1e-8 instead of 0). A rank that dies leaves its shard's store as
-it was after its last batch: rerun the same command with ``--resume`` (same number of processes)
-and nothing done is redone or lost.
+Rank ``r`` of ``W`` (:meth:`World.from_env`) analyses the windows ``i`` with ``i % W == r``
+(:func:`shard_windows`) into its own resumable store; rank 0 then gathers the rows and merges the
+accumulators into one set of tables. The rows equal a single-process run's; tables of sums agree to
+rounding. Details (process groups, store layout, resume after a lost rank): docs/scaling.md.
 
 Examples
 --------

@@ -1,35 +1,9 @@
 """Plotly figures of the paper's measurements (Figures 2-8, 10, 11), from an AnalysisResult.
 
 Every function returns a ``plotly.graph_objects.Figure`` (it renders inline in a notebook; save
-it with ``fig.write_html``). What each needs:
-
-================================  ==========================================  =============
-function                          needs                                        paper figure
-================================  ==========================================  =============
-:func:`norms_by_position`         ``analyze(..., diagnostics=True)``           Fig. 2 left
-:func:`norm_cv_histogram`         ``analyze(..., diagnostics=True)``           Fig. 2 right
-:func:`mae_histogram`             ``analyze(..., diagnostics=True)``           Fig. 3
-:func:`similarity_curves`         ``analyze(..., diagnostics=True)``           Fig. 3 (data)
-:func:`attention_mass`            ``analyze(..., diagnostics=True)``           Fig. 4
-:func:`separability_by_n`         any ``analyze``                              Fig. 5
-:func:`envelopes_by_n`            ``analyze(..., bounds=True)``                Fig. 5
-:func:`separability_by_ranking`   ``analyze(..., rank_by=(..., "random"))``    —
-:func:`sink_correlation`          ``taxonomy=True`` or ``diagnostics=True``    Fig. 6
-:func:`regime_diagnostics`        ``taxonomy=True`` + ``classify_heads``       Fig. 7
-:func:`regimes_by_layer`          ``classify_heads`` (``taxonomy=True``)       Fig. 8
-:func:`contributions_scatter`     weights and values of one head               Fig. 10
-:func:`contributions_from_model`  a model and token windows                    Fig. 10
-:func:`regime_pr`                 ``taxonomy=True`` + ``classify_heads``       Fig. 11
-:func:`head_heatmap`              any per-head table                           —
-:func:`cluster_scatter`           ``tlg.regime_clusters(result)``              —
-:func:`effect_by_regime`          ``tlg.join_heads(effects, heads)``           —
-:func:`loss_curve`                ``tlg.sparsification_curve``                 follow-up (b)
-:func:`geometry_vs_loss`          ``analyze`` + ``sparsification_curve``       follow-up (c)
-:func:`localized_loss_map`        ``tlg.localized_loss``                       follow-up (d)
-================================  ==========================================  =============
-
-A figure whose table is missing raises :class:`tl_geometry.InputError` saying which option of
-``analyze`` produces it. See ``docs/figures.md`` for how to read each figure.
+it with ``fig.write_html``). A figure whose table is missing raises
+:class:`tl_geometry.InputError` saying which option of ``analyze`` produces it. What each function
+needs, which paper figure it draws and how to read it: docs/figures.md.
 """
 
 from typing import Any

@@ -2,22 +2,12 @@
 
 ::
 
-    import tl_geometry as tlg
-    from tl_geometry.taxonomy import classify_heads
-    from tl_geometry.plot.circuitsvis_grid import head_grid, head_grid_html
-
     heads = classify_heads(result)                          # regime per (layer, head), optional
-    head_grid(model, "def f(x):\\n    return x", heads)      # renders inline in a notebook
-    head_grid(model, tokens, heads, regimes=["Retriever"])  # only the Retrievers
+    head_grid(model, "def f(x):\n    return x", heads)      # renders inline in a notebook
     html = head_grid_html(model, text, heads)               # self-contained fragment (no CDN)
 
-The model runs once, with hooks only on the ``hook_pattern`` of the layers holding a chosen head,
-and stops after the last of them. Heads are named ``L{layer}H{head} · {regime}`` (``L{layer}H{head}``
-without a heads table).
-
-circuitsvis gives two HTML versions of a figure: ``local_src`` inlines its JavaScript bundle,
-``cdn_src`` (what ``str()`` gives, and what a notebook shows when it can reach google.com) loads it
-from unpkg.com. :func:`head_grid_html` and :meth:`HeadGrid.fragment` only ever use ``local_src``.
+The model runs once, hooked only where a chosen head is. Heads are named
+``L{layer}H{head} · {regime}``. Details (HTML versions, no network): docs/figures.md.
 """
 
 from __future__ import annotations

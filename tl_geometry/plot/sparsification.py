@@ -1,13 +1,8 @@
 """Figures of the top-N intervention (definitions §8): loss curves, geometry against loss, localised loss.
 
-* :func:`loss_curve` — (b) ``delta_nll_rel(N)`` per ranking and renormalisation, log ``N``, the
-  tolerance line and ``N*_tau`` marked;
-* :func:`geometry_vs_loss` — (c) mean F against ``delta_nll_rel``, one point per ``N``, Spearman's
-  ``rho`` in the legend;
-* :func:`localized_loss_map` — (d) layer x head heat map of the localised loss.
-
-``"sink_window"`` (the static StreamingLLM pattern) is drawn as the static baseline (dashed grey)
-wherever the curve holds it.
+:func:`loss_curve` (b), :func:`geometry_vs_loss` (c) and :func:`localized_loss_map` (d); the
+static ``"sink_window"`` pattern is drawn as a dashed grey baseline. How to read them:
+docs/figures.md.
 
 Examples
 --------

@@ -1,66 +1,18 @@
 """Head regimes: Retriever, Reset, Mixer or Unclassified (definitions §5; paper §4.2, Figures 7, 8, 10).
 
-Step 1, :func:`head_features`: the per-(layer, head) summary of the sequence-mean curves of the
-features table (one query position). With the analysed grid ``G`` of selection sizes and
-``K = query_pos + 1`` keys:
+:func:`head_features` summarises the sequence-mean curves of the features table per (layer, head)
+(quantiles and small-/large-``N`` window means of ``cos(s(N), v_0)`` and ``cos(s(N), v_L)``).
+:func:`classify_heads` picks a *candidate* from the order of ``c_sink``, ``c_last``, ``c_rest`` and
+*confirms* it by the alignment conditions; every condition has a slack (>= 0 when it holds) and a
+regime's score is its smallest slack::
 
-* ``cos_vL_low`` / ``cos_vL_high``: the ``1 - stay_share`` / ``stay_share`` quantiles (default
-  0.25 / 0.75, linear interpolation) over ``N in G`` of the mean curve ``cos(s(N), v_L)``.
-  "Stays high across N" means ``cos_vL_low >= threshold`` (high on at least 75 % of the grid);
-  "stays low" means ``cos_vL_high <= threshold`` (low on at least 75 % of the grid, so the
-  alignment may rise "at very large N", the paper's wording for Reset). The quantiles are over the
-  analysed grid: with the default log grid every octave of ``N`` weighs the same.
-* ``cos_v0_small``, ``cos_vL_small``: the mean of the curves over the small-N window
-  ``N <= n_small`` (default 4, the paper's operating regime ``N in [1, 4]``); ``cos_v0_large``,
-  ``cos_vL_large``: the mean over the large-N window ``N >= large_frac * K`` (default ``K / 2``,
-  which ends with ``s(K)``, the head's whole output). A window holding no grid point is replaced
-  by the grid's smallest (largest) ``N``. ``shift_v0 = cos_v0_large - cos_v0_small`` and
-  ``shift_vL = cos_vL_large - cos_vL_small``.
-* ``drop_sink`` / ``drop_last``: the median over the ``N`` where the key is selected in at least
-  one sequence of ``1 - mean ||s(N) - y_0|| / mean ||s(N)||`` (resp. ``y_L``): how much of
-  ``||s||`` the sink / the last token carries (Figure 7, top). Reported, not used by the labels.
+    Retriever: c_last largest,            cos_vL_low >= retriever_cos
+    Reset:     c_sink largest or c_last smallest,  cos_vL_high <= reset_cos
+    Mixer:     c_sink <= c_last <= c_rest, shift_v0 <= -mixer_shift, shift_vL >= mixer_shift
 
-Step 2, :func:`classify_heads` (definitions §5). Every condition has a *slack* (>= 0 when it
-holds) in the unit of its feature: natural-log ratio for the comparisons of contribution norms
-(0.1 is about 10 %), cosine difference for the alignment conditions.
-
-*Candidate*, from the order of ``c_sink``, ``c_last``, ``c_rest`` (one *order* condition per
-regime):
-
-* Retriever: ``c_last`` is the largest, ``c_last >= retriever_dominance * max(c_sink, c_rest)``
-  (slack ``log(c_last / max(c_sink, c_rest)) - log(retriever_dominance)``);
-* Reset: ``c_sink`` is the largest, ``c_sink >= reset_dominance * max(c_last, c_rest)``, *or*
-  ``c_last`` is the smallest, ``c_last <= min(c_sink, c_rest)`` (mass broadly spread, no dominant
-  last token); slack: the larger of the two log-ratio slacks;
-* Mixer: ``c_last`` between the other two with ``c_sink`` not the largest, i.e.
-  ``c_sink <= c_last <= c_rest`` (slack: the smaller of the two log ratios).
-
-The candidate is the regime whose order condition has the largest slack. With the default
-dominances (1.0) the three order conditions split every head (ties aside) and exactly one holds;
-with a dominance above 1 none may hold, and the head has no candidate.
-
-*Confirmation*, by the candidate's alignment conditions:
-
-* Retriever: ``cos_vL_low >= retriever_cos`` (``cos(s, v_L)`` stays high across ``N``);
-* Reset: ``cos_vL_high <= reset_cos`` (stays low, except at very large ``N``);
-* Mixer: ``shift_v0 <= -mixer_shift`` (``cos(s, v_0)`` falls) and ``shift_vL >= mixer_shift``
-  (``cos(s, v_L)`` rises).
-
-A regime's *score* is the smallest slack of its conditions, order included (it holds iff
-``score >= 0``).
-
-* ``mode="strict"`` (default): the candidate when its order condition holds and it is confirmed,
-  else ``Unclassified`` (never forced). ``margin``: for a labelled head its score (how far its
-  tightest condition is from failing); for an ``Unclassified`` head ``min |score|`` over the
-  three regimes (how far the closest regime is from holding). ``deciding`` names the slack that
-  sets it.
-* ``mode="nearest"``: every head takes the regime whose conditions it misses least, the largest
-  score (the paper's Figure 8 labels every head). A head confirmed in strict mode keeps its label
-  (with the default dominances it is also the largest score, as only one regime can hold).
-  ``margin``: the score's lead over the runner-up (``score_label - max score_other``, >= 0 when
-  the label is the largest score); ``deciding`` is the tightest condition of the label.
-
-Moving the deciding threshold by more than the margin changes the label.
+``mode="strict"`` labels only confirmed candidates; ``mode="nearest"`` takes the largest score.
+Details (slacks, margins, thresholds and why): docs/taxonomy.md §2; columns:
+docs/columns.md#heads.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """Are the three regimes real? Cluster the heads on their Figure 7 features (definitions §5).
 
-Per (layer, head), at one query position, the *cluster features* are
-
-* the mean curve ``cos(s(N), v_0)`` at every ``N`` of the analysed grid (one column per ``N``),
-* the mean curve ``cos(s(N), v_L)`` at every ``N`` of the grid,
-* the log contribution shares ``log(c_x / (c_sink + c_last + c_rest))`` for ``x`` in sink, last,
-  rest (a zero contribution is clipped to the smallest positive float before the log).
-
-Each column is standardised (``sklearn.preprocessing.StandardScaler``: mean 0, variance 1 across
-heads; a constant column stays 0) and the heads are clustered by ``sklearn.cluster.KMeans`` for
-every ``k`` asked for (``n_init=10``, ``random_state=seed``: the same seed gives the same
-clusters). For each ``k``, the mean silhouette (``sklearn.metrics.silhouette_score``, Euclidean, on
-the standardised features); for ``k = 3``, the adjusted Rand index
-(``sklearn.metrics.adjusted_rand_score``) against the strict and the nearest rule labels, and the
-contingency tables (``pandas.crosstab``).
-
-Structure: the data *claim* clusters only when the best mean silhouette reaches
-:data:`STRUCTURE_SILHOUETTE` (0.5). This is Kaufman and Rousseeuw's reading of the silhouette
-coefficient ("Finding Groups in Data", 1990, §2.2.3): above 0.5 a reasonable structure has been
-found, 0.26-0.5 a weak structure that could be artificial, below 0.25 none. k-means partitions
-any cloud, so a clustering alone is no evidence; a silhouette below 0.5 says the partition does
-not stand out from the cloud.
+Per (layer, head) the cluster features are the mean curves ``cos(s(N), v_0)`` and
+``cos(s(N), v_L)`` at every ``N`` of the grid and the log contribution shares
+``log(c_x / (c_sink + c_last + c_rest))``; standardised, they are clustered by k-means for every
+``k``, scored by the mean silhouette, and compared at ``k = 3`` with the rule labels (adjusted Rand
+index). The data claim clusters only when the best silhouette reaches
+:data:`STRUCTURE_SILHOUETTE` (0.5, Kaufman and Rousseeuw). Details: docs/taxonomy.md §5;
+columns: docs/columns.md#regime-clusters.
 """
 
 from __future__ import annotations

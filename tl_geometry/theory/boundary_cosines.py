@@ -1,28 +1,13 @@
 """Largest cosine across the top-N boundary, for every ``N`` of a grid at once (definitions §4).
 
-For one row with keys in selection order (rank ``t = 0..K-1``), the sink at rank ``t_0`` and a
-sorted grid of sizes ``N_0 < N_1 < ... < N_{G-1}``, the envelopes need
+For one row with keys in selection order and the sink at rank ``t_0``::
 
-    rho_out(N) = max_{k in I'_N, j not in I_N} rho_jk,      I'_N = {ranks < N} \\ {t_0},
+    rho_out(N) = max_{k in I'_N, j not in I_N} rho_jk,      I'_N = {ranks < N} \ {t_0}
 
-with ``-inf`` for an empty pair set (``I'_N`` empty or ``N = K``; :mod:`~tl_geometry.theory.bounds`
-applies its conventions). A pair (lower rank ``k``, higher rank ``j``) counts for exactly the
-``N`` with ``k < N <= j``. Cut the ranks into *buckets* at the grid points (bucket ``b`` holds the
-ranks ``[N_{b-1}, N_b)``, with ``N_{-1} = 0`` and ``N_G = K``) and let
-
-    R[b, k] = max_{j in bucket b} rho_jk        for k < N_{b-1} (else -inf, and -inf for k = t_0);
-
-then ``rho_out(N_g) = max_{k < N_g} max_{b > g} R[b, k]``: a suffix maximum over ``b`` and one
-masked maximum per ``N``. ``R`` costs one product of the values of bucket ``b`` with those of
-the ranks before it, ``K^2 d / 2`` multiply-adds per row in all, and no ``[K, K]`` matrix is kept.
-
-**Measured cosines in float64** (``rho_jk = <u_j, u_k>``, unit values ``u``): the products are
-screened in float32 and re-checked exactly. For vectors of norm <= 1 the float32 value is within
-``E = (d + 4) eps_32`` of the float64 one (rounding of ``u`` and a ``d``-term dot product). A
-bucket maximum ``R[b, k]`` below ``rho_out32(N) - 2E`` for every ``N`` it counts for cannot be the
-float64 maximum; every other column ``k`` is recomputed in float64 for all buckets, and the
-maximum is taken again. The result is the float64 maximum of float64 cosines, whatever the
-screen decided.
+(``-inf`` for an empty pair set; :mod:`~tl_geometry.theory.bounds` applies its conventions).
+Buckets of ranks between grid points give it as a suffix maximum, ``K^2 d / 2`` multiply-adds per
+row and no ``[K, K]`` matrix; float64 cosines are screened in float32 and re-checked exactly.
+The algorithm and the error bound: docs/theory.md §4.
 """
 
 from __future__ import annotations

@@ -1,62 +1,16 @@
 """Theoretical envelopes of Precision and Recall: Theorems 1-2 and Corollary 1 (definitions §4).
 
-For one attention row (weights ``alpha``, values ``v``, ``K`` keys, head dimension ``d``) and a
-selection size ``N`` with top-N set ``I_N`` (stable order, :mod:`tl_geometry.core.sizes`):
+For one attention row and a selection size ``N`` (``M = K - N`` keys outside ``I_N``), with
+``a_i = alpha_i ||v_i||`` and margins ``Delta`` (eq. 8), ``Delta_0`` (eq. 29), scale ``B``::
 
-* ``a_i = alpha_i ||v_i||``; ``rho_jk = cos(v_j, v_k)`` (measured) or the assumption model
-  (:class:`SimilarityModel`); the sink is *key index* 0, wherever it ranks;
-* ``I' = I_N \\ {0}``, ``M = K - N``;
-* ``S_in = sum_{I'} a_k``, ``a_in_min = min_{I'} a_i``, ``a_in_max = max_{I'} a_i``,
-  ``a_out_max = max_{j not in I_N} a_j``, ``rho_out = max_{j not in I_N, k in I'} rho_jk``;
-* ``Delta = a_in_min^2 - 2 a_out_max S_in rho_out`` (eq. 8);
-  ``Delta_0 = a_0^2 - (S_in rho_out)^2`` (eq. 29, with ``rho_out``);
-  ``B = a_in_max + a_out_max + S_in`` (the ``scale``);
-* tails ``t = exp(-kappa d (Delta / B)^2)`` if ``Delta > 0`` else 1, ``t_0`` likewise from
-  ``Delta_0``, and ``t_0`` dropped (taken as 0) when the sink is not in ``I_N``;
-* lower bounds (eq. 12, 14), clipped to [0, 1]:
-  ``precision_lower = 1 / (1 + M t + (M / N) t_0)``, ``recall_lower = 1 - M t - (M / N) t_0``;
-* upper bounds (eq. 9-11, 13, 15): ``M_j = sum_{l in I'} a_l rho_lj``,
-  ``mu_ij = (a_j^2 - a_i^2) - 2 a_j M_j + 2 a_i M_i``, ``sigma = B / sqrt(2 kappa d)``,
-  ``xi = mu / sigma``, ``p_ij = phi(xi) / (xi + 1/xi)`` (``xi > 0``), 0 (``xi = 0``),
-  1/2 (``xi < 0``);
-  ``precision_upper = 1 - max_{i in I_N, j not in I_N} p_ij / (N + 1)``,
-  ``recall_upper = (1/N) sum_{i in I_N} (1 - max_{j not in I_N} p_ij)``;
-* ``N = 1`` and ``N = K``: every bound is 1 (both metrics are 1 there by construction);
-* Corollary 1: the F-score bounds are ``2x / (1 + x)`` of the matching bounds
-  (:attr:`Bounds.f_at_rmax_lower` etc.).
+    t = exp(-kappa d (Delta / B)^2)           (1 if Delta <= 0; t_0 likewise from Delta_0)
+    precision_lower = 1 / (1 + M t + (M / N) t_0),   recall_lower = 1 - M t - (M / N) t_0
 
-Choices where definitions §4 is silent (binding for this module, also listed in docs/theory.md):
-
-* **Empty sets.** ``I'`` is empty only when ``N = 1`` and the sink is the top key. Then
-  ``S_in = 0``, ``a_in_max = 0`` (so ``B = a_out_max``), ``a_in_min`` is undefined and
-  ``delta`` is reported as NaN (and ``t = 1``); ``rho_out = 0``. With ``N = K`` nothing is
-  outside: ``a_out_max = 0`` and ``rho_out = 0`` (no outside key, no penalty), so
-  ``delta = a_in_min^2`` and ``delta0 = a_0^2``. The bounds themselves are 1 in both cases.
-* ``delta0`` is reported for every ``N`` from its formula, even when the sink is not in
-  ``I_N`` and ``t_0`` is therefore dropped.
-* ``d = values.shape[-1]`` (the head dimension).
-* **Measured cosines**: ``rho_jk = <v_j, v_k> / (||v_j|| ||v_k||)``, the diagonal set to exactly
-  1 (it enters ``M_i`` for ``i in I'`` since ``M_i`` sums over ``l in I'`` including ``l = i``,
-  as definitions §4 writes it), and 0 against a zero vector.
-* **Model cosines** (:class:`SimilarityModel`): ``exp(-beta |j - k|)`` for ``j, k > 0``,
-  ``rho_0`` between the sink and any other key, 1 on the diagonal. The norms (hence ``a_i``)
-  always come from the values.
-* ``sigma = 0`` (``B = 0``): ``xi = +inf`` for ``mu > 0`` (``p = 0``), ``-inf`` for ``mu < 0``
-  (``p = 1/2``), 0 for ``mu = 0``; a ``Delta_0 > 0`` with ``B = 0`` gives ``t_0 = 0``.
-
-Vectorisation: keys are put in selection order once per row; prefix sums / running minima and
-maxima give ``S_in, a_in_min, a_in_max``, suffix maxima give ``a_out_max``. ``rho_out`` for every
-``N`` of the grid comes from :mod:`tl_geometry.theory.boundary_cosines` (bucket maxima of the
-cosines between the ranks between two grid points and those before them, screened in float32 and
-re-checked in float64; no ``[K, K]`` matrix is kept). ``M_j(N) = <u_j, S(N)>`` with
-``S(N) = sum_{l in I'} a_l u_l`` (``u`` the unit values), one ``[G, d] x [d, K]`` product per row.
-Since ``mu_ij = c_j - c_i`` with ``c_t = a_t^2 - 2 a_t M_t``, and ``p`` is 1/2 for ``xi < 0`` and
-unimodal on ``xi > 0`` (peak at ``xi* = sqrt(sqrt(2) - 1)``), the maximum over ``j not in I_N`` of
-``p_ij`` needs only the smallest outside ``c_j`` and the two outside ``c_j`` that bracket
-``c_i + xi* sigma``: one sort of the outside ``c`` per ``N`` and a binary search per inside key,
-``O(K log K)`` per ``(row, N)`` instead of ``O(K^2)``, with no Python loop over keys. The similarity
-model's cosines are a ``[K, K]`` matrix per row; rows are processed in blocks of about
-``block_bytes``.
+The upper bounds use the pairwise ``p_ij`` of eq. 9-11, 13, 15; the F-score bounds are
+``2x / (1 + x)`` of the matching bounds (Corollary 1). ``rho`` is the measured cosine or the
+assumption model (:class:`SimilarityModel`). Every quantity, the choices where the paper is silent
+(empty sets, ``sigma = 0``, the diagonal of ``rho``) and the ``O(K log K)`` computation:
+docs/theory.md §1-4; columns: docs/columns.md#bounds.
 """
 
 from __future__ import annotations

@@ -1,35 +1,14 @@
 """Phases of the selection size N under the piecewise attention profile (paper Table 2).
 
-The profile of Assumption 3 (definitions §3, with the two ``eta`` fitted separately) over ``K`` keys::
+Given the profile of Assumption 3 (definitions §3), every key falls in a segment (``sink``,
+``plateau``, ``peak``, ``valley``, ``tail``); with ``rank(i)`` its place in the stable top-N order,
+three boundaries ``m1 <= m2 <= m3`` (the first ``N`` holding a peak, the ``p_base`` level, and
+everything at or above ``p_base``) cut ``N`` into the phases::
 
-    alpha_0 = p_sink
-    alpha_i = p_base                                   1 <= i <= T1     (plateau)
-    alpha_i = p_base (1 + eta_osc cos(omega i))        T1 < i <= T2     (oscillation)
-    alpha_i = p_base exp(eta_exp (i - T2))             i > T2           (exponential tail)
+    I: N = 1    II: 1 < N < m1    III: m1 <= N < m2    IV: m2 <= N < m3    V: N >= m3
 
-Every key falls in a *segment*: ``sink`` (i = 0), ``plateau`` (1..T1), ``peak`` (oscillatory key
-with ``alpha_i > p_base``), ``valley`` (oscillatory key with ``alpha_i <= p_base``) and ``tail``
-(i > T2). ``I_N`` is the first ``N`` keys of the profile sorted like every attention row
-(weight descending, ties to the lower key index; definitions §2), and ``rank(i)`` is the 0-based
-position of key ``i`` in that order, so key ``i`` is in ``I_N`` iff ``N > rank(i)``.
-
-Boundaries (all in ``1..K+1``; ``K + 1`` means "never"):
-
-* ``m1 = 1 + min rank(i)`` over the peaks: the first ``N`` whose ``I_N`` holds an
-  oscillatory peak. Without peaks (``T1 = T2`` or ``eta_osc = 0``), ``m1 = m2``.
-* ``m2 = 1 + min rank(i)`` over the keys ``i >= 1`` with ``alpha_i <= p_base`` (plateau,
-  valleys, or a tail key that has not risen above ``p_base``): the first ``N`` at which the
-  ``p_base`` level enters. ``K + 1`` if there is none.
-* ``m3 = max(m2, 1 + max rank(i))`` over the keys ``i >= 1`` with ``alpha_i >= p_base``: the
-  first ``N`` whose ``I_N`` holds the whole plateau, every peak and the whole tail above
-  ``p_base``; from there only valleys (and sub-``p_base`` tail keys) remain to enter.
-
-Phases of ``N`` (the paper's "regimes" of Table 2; here "regime" is kept for the head taxonomy):
-``I`` for ``N = 1`` (whatever the top key: every statistic is 1); ``II`` for ``1 < N < m1``
-(sink + top of the tail); ``III`` for ``m1 <= N < m2`` (oscillatory peaks enter); ``IV`` for
-``m2 <= N < m3`` (the plateau ``1..T1`` and the first valleys enter, ``alpha_(N) ~ p_base``, a
-jump in ``S_in``); ``V`` for ``N >= m3`` (all oscillations and the tail are in; small
-``alpha_(N)``, large ``S_in``). A phase can be empty.
+("regime" is kept for the head taxonomy). A phase can be empty. Definitions of the segments and
+boundaries: docs/theory.md §5.
 """
 
 from __future__ import annotations
