@@ -1,5 +1,7 @@
 """Observers: what :func:`tl_geometry.capture.hooks.run_streaming` feeds, layer by layer.
 
+Columns: docs/columns.md#separability.
+
 Every observer of the package follows one protocol, :class:`Observer`:
 
 * ``observe(batch)`` adds one :class:`~tl_geometry.capture.hooks.LayerBatch` (one layer of one forward

@@ -1,5 +1,7 @@
 """Value-state norms and the sink (definitions §3, paper §3.1, Assumption 1, Figure 2).
 
+Columns: docs/columns.md#value_norms.
+
 For one sequence and one key/value head with values ``v_0 .. v_{L-1}`` (``L`` keys):
 
 * ``sink_ratio = ||v_0|| / median_{i>0} ||v_i||`` (the paper's ``lambda``);

@@ -1,5 +1,7 @@
 """The attention-weight profile of Assumption 3 (definitions §3, paper §3.3, Fig. 4).
 
+Columns: docs/columns.md#attention_profile.
+
 Per query head, the weights of one query row (keys ``0..q``) are **averaged over sequences**
 (arithmetic mean of ``alpha_i``, kept as a sum and a count, so batches merge exactly) and the
 piecewise law is fitted to the mean profile by :func:`.profile_fit.fit_profiles`.

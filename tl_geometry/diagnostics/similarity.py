@@ -1,5 +1,7 @@
 """Cross-token similarity decay and sink similarity (definitions §3, paper §3.2, Assumption 2, Fig. 3).
 
+Columns: docs/columns.md#similarity.
+
 For one key/value head, with ``u_i = v_i / ||v_i||``:
 
 * ``c(k) = mean cos(v_i, v_j)`` over the pairs ``i, j > 0``, ``|i - j| = k``, for ``k = 1..k_max``,

@@ -1,5 +1,7 @@
 """Geometry against function: rank correlations of separability with the intervention's loss (definitions §8).
 
+Columns: docs/columns.md#geometry-against-function.
+
 * with a :class:`SparsificationCurve`: for each (rank_by, renormalize) of the curve, Spearman's
   ``rho`` over the sizes ``N`` present in both tables between the mean ``f_at_rmax`` (and
   ``f_at_rmin``) of the separability table at ``N`` (mean over every row: windows, layers, heads,

@@ -1,5 +1,7 @@
 """Localised loss: restrict one layer, or one (layer, head), at a time (definitions §8).
 
+Columns: docs/columns.md#localized-loss.
+
 For each unit ``u``: ``delta_nll_rel(u) = (NLL_u - NLL) / NLL``, where ``NLL_u`` is the corpus
 loss with only ``u``'s attention rows restricted to their top-``N`` keys and everything else full;
 ``NLL`` (the full model) is computed once. Cost: one pass over the corpus per unit.

@@ -1,5 +1,7 @@
 """Per-head interventions to set beside the geometry: activation patching and mean-ablation.
 
+Columns: docs/columns.md#effect-frames.
+
 * :func:`head_out` — activation patching of every head's output (``hook_z``) from a clean run
   into a corrupted run, by TransformerLens' own ``transformer_lens.patching`` (it runs with a
   ``TransformerBridge`` on TransformerLens 4 and a ``HookedTransformer`` on 3.x);

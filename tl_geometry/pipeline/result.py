@@ -1,5 +1,7 @@
 """``AnalysisResult``: the tables one analysis produced, their summaries, and their files.
 
+Columns: docs/columns.md#separability.
+
 :meth:`AnalysisResult.save` writes every table as parquet, the windows as ``tokens.npy`` and the
 rest as ``result.json``; :func:`load_result` reads them back. A run with ``out_dir`` keeps its
 separability rows on disk until they are first read.

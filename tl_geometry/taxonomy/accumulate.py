@@ -1,5 +1,7 @@
 """Sums over sequences of the regime features, and the tidy per-(layer, head, N) table they give.
 
+Columns: docs/columns.md#regime_features.
+
 For every (part, layer, query position) the accumulator keeps, per head (and per ``N`` for the
 curves), the count, the sum and the sum of squares of each feature over sequences, in float64.
 The mean is ``sum / count`` and the spread the population standard deviation

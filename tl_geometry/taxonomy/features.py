@@ -1,5 +1,7 @@
 """Regime features of one attention row (definitions §5; paper §4.2, Figures 7 and 10).
 
+Columns: docs/columns.md#regime_features.
+
 For a row with weights ``alpha`` over keys ``0..L`` (``K = L + 1`` keys, ``L`` the query position)
 and values ``v``, with contributions ``y_i = alpha_i v_i``, top-N sets ``I_N`` (stable order,
 definitions §2) and representatives ``s(N) = sum_{i in I_N} y_i``:

@@ -1,5 +1,7 @@
 """What the regimes do: per-head effects joined with the regimes and the separability (definitions §5).
 
+Columns: docs/columns.md#join_heads.
+
 * :func:`join_heads` — any per-head frame (``layer, head, ...``: activation patching, mean-ablation,
   :func:`tl_geometry.localized_loss` with ``unit="head"``) or ``[n_layers, n_heads]`` tensor, joined with the labels
   of both modes and the head's mean precision / recall at one ``N``;

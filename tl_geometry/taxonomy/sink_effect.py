@@ -1,5 +1,7 @@
 """The sink effect (definitions §5; paper §4.1, Figure 6): does ``rho_0`` predict recall across heads?
 
+Columns: docs/columns.md#figure-tables-of-the-taxonomy.
+
 For every ``N``: take, per (layer, head), the mean of ``recall(N)`` over the sequences of the
 separability table, pair it with the head's ``rho_0`` (the sink similarity of its key/value head,
 definitions §3), and correlate the two across the (layer, head) pairs, with Pearson's ``r`` and

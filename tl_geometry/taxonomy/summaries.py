@@ -1,4 +1,6 @@
 """Tables built on the head labels: regime shares by depth (Figure 8), precision / recall by regime
+
+Columns: docs/columns.md#figure-tables-of-the-taxonomy.
 (Figure 11) and the stability of the labels between disjoint halves of the sequences.
 """
 

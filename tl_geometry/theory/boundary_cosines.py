@@ -2,7 +2,7 @@
 
 For one row with keys in selection order and the sink at rank ``t_0``::
 
-    rho_out(N) = max_{k in I'_N, j not in I_N} rho_jk,      I'_N = {ranks < N} \ {t_0}
+    rho_out(N) = max_{k in I'_N, j not in I_N} rho_jk,      I'_N = {ranks < N} - {t_0}
 
 (``-inf`` for an empty pair set; :mod:`~tl_geometry.theory.bounds` applies its conventions).
 Buckets of ranks between grid points give it as a suffix maximum, ``K^2 d / 2`` multiply-adds per

@@ -1,5 +1,7 @@
 """Envelopes of Theorems 1-2 inside the streaming analysis: an observer and the comparison table.
 
+Columns: docs/columns.md#bounds.
+
 * :class:`BoundsObserver` computes :func:`tl_geometry.theory.bounds.bounds` for every head and chosen
   query row of a layer (a :class:`~tl_geometry.capture.observers.RowObserver`), in the same row order as
   :class:`~tl_geometry.capture.observers.SeparabilityObserver`, so the two tables join on
