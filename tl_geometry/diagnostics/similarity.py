@@ -1,23 +1,12 @@
 """Cross-token similarity decay and sink similarity (definitions §3, paper §3.2, Assumption 2, Fig. 3).
 
+Per key/value head: ``c(k) = mean cos(v_i, v_j)`` over the pairs ``i, j > 0`` at lag
+``|i - j| = k`` (pooled over sequences), the fit ``c(k) ~ exp(-beta k)`` with its ``mae``, the
+``share_negative`` of those cosines, and ``rho_0 = mean_{j>0} cos(v_0, v_j)``. Accumulators keep
+sums per lag, so batches merge exactly; lagged cosines come from banded block products
+(:mod:`.lag_cosines`). Details: docs/diagnostics.md §1-3.
+
 Columns: docs/columns.md#similarity.
-
-For one key/value head, with ``u_i = v_i / ||v_i||``:
-
-* ``c(k) = mean cos(v_i, v_j)`` over the pairs ``i, j > 0``, ``|i - j| = k``, for ``k = 1..k_max``,
-  pooled over every pair of every sequence (each sequence of ``L`` keys has ``L - 1 - k`` pairs at
-  lag ``k``, so with equal window lengths this is also the mean over sequences of the
-  per-sequence means);
-* the least-squares fit ``c(k) ~ exp(-beta k)`` on ``k = 1..k_max``; ``mae = mean_k |c(k) -
-  exp(-beta k)|``;
-* ``share_negative``: the share of the pairwise cosines counted in ``c(1..k_max)`` that are
-  negative (Assumption 2 cannot express them);
-* ``rho_0 = mean_{j>0} cos(v_0, v_j)``, pooled over sequences in the same way.
-
-The accumulator keeps, per head and lag, the sum of the cosines, of their squares and the count
-of negative ones, so batches merge exactly (up to float64 rounding). Lagged cosines come from
-banded block products (:mod:`.lag_cosines`): no ``[L, L]`` matrix unless ``k_max`` is close to
-``L``.
 """
 
 from __future__ import annotations

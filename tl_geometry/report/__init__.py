@@ -2,19 +2,10 @@
 
 ::
 
-    from tl_geometry.report import build_report
-    from tl_geometry.plot.circuitsvis_grid import head_grid_html
-
-    result.save("runs/x")
-    (Path("runs/x") / "head_grid.html").write_text(head_grid_html(model, text, heads))
     build_report("runs/x", "runs/x")          # -> runs/x/index.html, no model needed
-    build_report(result, "out", figures=[("Precision by N", "mean over heads", fig)],
-                 head_grid_html=head_grid_html(model, text))
 
-The page has a header (model, corpus, parameters, timings, package versions), one section per
-analysis (separability; envelopes, with kappa; assumption diagnostics; head taxonomy) holding its
-summary table and figures, or a "not available: run with ..." line, and the head grid. plotly.js
-is inlined once in ``<head>``; every figure is a div; circuitsvis' script is inline in the grid.
+A header, one section per analysis (summary table and figures, or "not available: run with
+..."), and the head grid. Contents and options: docs/figures.md ("The HTML report").
 """
 
 from tl_geometry.report.build import EFFECTS_FILE, HEAD_GRID_FILE, HEADS_FILE, REPORT_FILE, RUN_INFO_FILE, build_report

@@ -1,22 +1,11 @@
 """Regime features of one attention row (definitions §5; paper §4.2, Figures 7 and 10).
 
+With contributions ``y_i = alpha_i v_i`` over keys ``0..L`` and ``s(N) = sum_{i in I_N} y_i``:
+``c_sink = ||y_0||``, ``c_last = ||y_L||``, ``c_rest = ||sum_{i not in {0, L}} y_i||``,
+``cos(s(N), v_0)``, ``cos(s(N), v_L)``, ``||s(N)||`` with its leave-one-out variants, and
+``rho_0``. A cosine with a zero vector counts as 0. Details: docs/taxonomy.md §1.
+
 Columns: docs/columns.md#regime_features.
-
-For a row with weights ``alpha`` over keys ``0..L`` (``K = L + 1`` keys, ``L`` the query position)
-and values ``v``, with contributions ``y_i = alpha_i v_i``, top-N sets ``I_N`` (stable order,
-definitions §2) and representatives ``s(N) = sum_{i in I_N} y_i``:
-
-* ``c_sink = ||y_0||``, ``c_last = ||y_L||``, ``c_rest = ||sum_{i not in {0, L}} y_i||``
-  (``c_rest = 0`` when ``K <= 2``: the sum is empty; with ``K = 1`` the sink is the last token);
-* ``cos_s_v0(N) = cos(s(N), v_0)``, ``cos_s_vL(N) = cos(s(N), v_L)``;
-* ``norm_s(N) = ||s(N)||``; ``norm_s_minus_sink(N) = ||s(N) - y_0||`` where ``0 in I_N`` and
-  NaN elsewhere; ``norm_s_minus_last(N) = ||s(N) - y_L||`` where ``L in I_N``, NaN elsewhere
-  (``sink_in`` / ``last_in`` say where they are defined);
-* ``rho_0 = mean_{j=1..L} cos(v_0, v_j)`` over the row's keys (definitions §3; for the last query of a
-  window these are all its positions). NaN when ``K = 1``.
-
-A cosine with a zero vector counts as 0 (the direction is undefined; it is not NaN, so that
-sequence means stay finite).
 """
 
 from __future__ import annotations
