@@ -26,9 +26,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_geometry.capture.tables import empty_frame
 from tl_geometry.core.checks import typechecked
-from tl_geometry.core.numerics import population_std
-from tl_geometry.diagnostics._common import ACC_DTYPE, KeyedSums, check_same, empty_frame, median_last
+from tl_geometry.core.numerics import ACC_DTYPE, population_std
+from tl_geometry.diagnostics.accumulators import KeyedSums, check_same, median_last
 
 NORM_COLUMNS = [
     "kv_head",

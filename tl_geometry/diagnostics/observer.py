@@ -15,7 +15,8 @@ import pandas as pd
 import torch
 
 from tl_geometry.capture.hooks import LayerBatch
-from tl_geometry.diagnostics._common import check_same, empty_frame
+from tl_geometry.capture.tables import empty_frame
+from tl_geometry.diagnostics.accumulators import check_same
 from tl_geometry.diagnostics.norms import NORM_COLUMNS, NORM_CURVE_COLUMNS, NormAccumulator
 from tl_geometry.diagnostics.profile import (
     DEFAULT_FLOOR,

@@ -18,8 +18,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_geometry.capture.tables import empty_frame
 from tl_geometry.core.checks import typechecked
-from tl_geometry.diagnostics._common import ACC_DTYPE, as_state, check_same, empty_frame
+from tl_geometry.core.numerics import ACC_DTYPE
+from tl_geometry.diagnostics.accumulators import as_state, check_same
 from tl_geometry.diagnostics.profile_fit import ProfileFitTensors, fit_profiles
 from tl_geometry.errors import InputError
 

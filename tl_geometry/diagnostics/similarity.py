@@ -20,9 +20,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_geometry.capture.tables import empty_frame
 from tl_geometry.core.checks import typechecked
-from tl_geometry.core.numerics import population_std
-from tl_geometry.diagnostics._common import ACC_DTYPE, KeyedSums, check_same, empty_frame, unit
+from tl_geometry.core.numerics import ACC_DTYPE, population_std
+from tl_geometry.diagnostics.accumulators import KeyedSums, check_same, unit
 from tl_geometry.diagnostics.decay_fit import fit_exponential_decay
 from tl_geometry.diagnostics.lag_cosines import lag_cosine_sums
 from tl_geometry.errors import InputError

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from tl_geometry.errors import InputError
-from tl_geometry.plot._common import DIAGNOSTICS, as_array, base_layout, get_table
+from tl_geometry.plot.base import DIAGNOSTICS, as_array, base_layout, get_table
 
 if TYPE_CHECKING:
     from tl_geometry.pipeline.result import AnalysisResult

@@ -11,7 +11,7 @@ import torch
 from tl_geometry.capture.hooks import LayerBatch, resolve_query_positions, run_streaming
 from tl_geometry.errors import InputError
 from tl_geometry.models import describe_model
-from tl_geometry.plot._common import base_layout
+from tl_geometry.plot.base import base_layout
 
 #: Diverging scale for cosines in [-1, 1].
 COSINE_COLORSCALE = "RdBu"

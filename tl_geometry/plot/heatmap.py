@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 
 from tl_geometry.capture.tables import attention_rows
 from tl_geometry.errors import InputError
-from tl_geometry.plot._common import as_array, base_layout
+from tl_geometry.plot.base import as_array, base_layout
 from tl_geometry.plot.regime_curves import check_heads
 
 

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tl_geometry.errors import InputError
-from tl_geometry.plot._common import N_AXIS, as_array, select_query
+from tl_geometry.plot.base import N_AXIS, as_array, select_query
 
 if TYPE_CHECKING:
     from tl_geometry.pipeline.result import AnalysisResult

@@ -10,7 +10,7 @@ from plotly.subplots import make_subplots
 
 from tl_geometry.capture.tables import check_heads
 from tl_geometry.errors import InputError
-from tl_geometry.plot._common import N_AXIS, TAXONOMY, as_array, get_table, one_query
+from tl_geometry.plot.base import N_AXIS, TAXONOMY, as_array, get_table, one_query
 from tl_geometry.plot.colors import REGIME_COLORS, REGIME_ORDER
 
 if TYPE_CHECKING:

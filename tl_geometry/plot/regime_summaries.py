@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tl_geometry.errors import InputError
-from tl_geometry.plot._common import N_AXIS, as_array, base_layout, get_table
+from tl_geometry.plot.base import N_AXIS, as_array, base_layout, get_table
 from tl_geometry.plot.colors import REGIME_COLORS, REGIME_ORDER
 from tl_geometry.plot.regime_curves import check_heads
 from tl_geometry.taxonomy import regime_pr_curves, regime_shares

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from tl_geometry.errors import InputError
-from tl_geometry.plot._common import as_array, base_layout
+from tl_geometry.plot.base import as_array, base_layout
 from tl_geometry.plot.colors import REGIME_COLORS, REGIME_ORDER
 
 #: Marker symbol of each rule label in the cluster plane.

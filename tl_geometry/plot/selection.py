@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tl_geometry.errors import InputError
-from tl_geometry.plot._common import BOUNDS, N_AXIS, as_array, base_layout, get_table, select_query
+from tl_geometry.plot.base import BOUNDS, N_AXIS, as_array, base_layout, get_table, select_query
 from tl_geometry.plot.colors import LOWER_COLOR, MEASURED_COLOR, METRIC_COLORS, UPPER_COLOR
 from tl_geometry.theory.observer import envelopes as envelope_table
 

@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from tl_geometry.errors import InputError
-from tl_geometry.plot._common import DIAGNOSTICS, N_AXIS, as_array, base_layout, get_table
+from tl_geometry.plot.base import DIAGNOSTICS, N_AXIS, as_array, base_layout, get_table
 from tl_geometry.plot.colors import PEARSON_COLOR, SPEARMAN_COLOR
 from tl_geometry.taxonomy import rho0_table, sink_effect
 

@@ -1,4 +1,4 @@
-"""Shared helpers of the figure functions (not public): table look-up with clear errors, axes."""
+"""What every figure function shares: its table looked up with a clear error, one query position, the layout."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Small helpers shared by the diagnostics accumulators (not public)."""
+"""The building blocks of the diagnostics accumulators: keyed running sums, states, checks, the median."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from tl_geometry.capture.tables import empty_frame as empty_frame  # re-exported for the accumulators
-from tl_geometry.core.numerics import ACC_DTYPE as ACC_DTYPE  # re-exported for the accumulators
 from tl_geometry.errors import InputError
 
 
