@@ -13,6 +13,7 @@ from conftest import tiny_llama_bridge
 
 import tl_geometry as tlg
 import tl_geometry.cli.app as cli
+from tl_geometry.cli.common import MARKER_FILE
 
 
 @pytest.fixture()
@@ -49,7 +50,7 @@ def test_usage_errors(tmp_path, capsys, tiny_cli) -> None:
     assert [line for line in err.splitlines() if "error" in line.lower()] == [err.strip().splitlines()[-1]]
     assert "Traceback" not in err
     (tmp_path / "c").mkdir()
-    (tmp_path / "c" / cli.MARKER_FILE).write_text("{}")  # a directory an earlier `tl-geometry run` wrote
+    (tmp_path / "c" / MARKER_FILE).write_text("{}")  # a directory an earlier `tl-geometry run` wrote
     (tmp_path / "c" / "x").write_text("old")
     code, _, err = run(["run", "--out", str(tmp_path / "c")], capsys)
     assert code == 2 and "already exists: pass --resume" in err and "--force" in err

@@ -60,6 +60,7 @@ def test_cli_mean_ablation_feeds_the_effect_figure(tmp_path, capsys, monkeypatch
     from conftest import tiny_llama_bridge
 
     import tl_geometry.cli.app as cli
+    from tl_geometry.cli.run import ABLATION_TOKENS
 
     model = tiny_llama_bridge()
     monkeypatch.setattr(tlg, "load_model", lambda name, **kw: model)
@@ -67,7 +68,7 @@ def test_cli_mean_ablation_feeds_the_effect_figure(tmp_path, capsys, monkeypatch
     base = ["run", "--n-seqs", "2", "--seq-len", "24", "--no-progress", "--no-bounds", "--no-diagnostics"]
     assert cli.main(base + ["--out", str(out), "--mean-ablation"]) == 0
     effects = pd.read_parquet(out / EFFECTS_FILE)
-    want = tlg.intervention.patching.mean_ablation(model, tlg.load_result(out).tokens[:1, : cli.ABLATION_TOKENS])
+    want = tlg.intervention.patching.mean_ablation(model, tlg.load_result(out).tokens[:1, :ABLATION_TOKENS])
     pd.testing.assert_frame_equal(effects, want)
     page = (out / "index.html").read_text(encoding="utf-8")
     assert "pass effects=" not in _section(page, "taxonomy")

@@ -14,26 +14,33 @@ it), ``curve.csv``, ``n_star.csv`` (``N*_tau`` per ranking and renormalisation, 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
+from tl_geometry.cli.common import (
+    EXIT_INTERRUPTED,
+    add_out_options,
+    add_source_options,
+    check_out,
+    check_window_options,
+    claim_out,
+    command_line,
+    corpus_from_args,
+    parse_ints,
+    parse_names,
+    resume_command,
+)
 from tl_geometry.errors import TLGeometryError
 
 CURVE_FILE = "curve.json"
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: Any) -> None:
+    """The ``sparsify`` sub-command."""
     p = sub.add_parser("sparsify", help="restrict attention to the top-N keys: loss curve, N*, localised loss, report")
-    p.add_argument(
-        "--model", default="smollm2-135m", help="TransformerLens model name (default: the embedded smollm2-135m)"
-    )
-    p.add_argument("--corpus", default="python-docs", help="'python-docs' (embedded, default) or a path to a text file")
-    p.add_argument(
-        "--dataset", default=None, help="a Hugging Face datasets name (needs the internet), instead of --corpus"
-    )
-    p.add_argument("--n-seqs", type=int, default=8, help="number of token windows (default 8)")
-    p.add_argument("--seq-len", type=int, default=512, help="tokens per window, BOS included (default 512)")
+    add_source_options(p)
     p.add_argument("--ns", default="pow2", help="sizes N: 'pow2' (1, 2, 4, ..., seq-len; default) or a comma list")
     p.add_argument("--rank-by", default="attention,contribution,random,sink_window", help="comma list of rankings")
     p.add_argument(
@@ -58,22 +65,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random ranking (default 0)")
     p.add_argument("--batch-size", type=int, default=4, help="windows per forward pass (default 4)")
-    from tl_geometry.cli.app import add_out_options
-
     add_out_options(p, "runs/sparsify", "curve")
+    p.set_defaults(handler=sparsify_command)
 
 
 def _options(args: argparse.Namespace) -> dict:
     """Every option checked, before the model is loaded."""
-    import math
-
-    from tl_geometry.cli.app import _parse_ints, check_window_options
     from tl_geometry.core.rankings import check_rankings
     from tl_geometry.intervention.context import check_n
     from tl_geometry.intervention.curve import check_tolerance
 
     check_window_options(args, "a target after the first token")
-    ns = _parse_ints(args.ns, "--ns", ("pow2",))
+    ns = parse_ints(args.ns, "--ns", ("pow2",))
     if isinstance(ns, list) and (not ns or min(ns) < 1):
         raise TLGeometryError(f"--ns sizes must be integers >= 1, got {args.ns!r}")
     if not math.isfinite(args.tolerance) or args.tolerance < 0:
@@ -81,13 +84,11 @@ def _options(args: argparse.Namespace) -> dict:
     check_tolerance(args.tolerance)
     check_n(args.local_n)
     flags = {"both": (False, True), "deletion": (False,), "renormalize": (True,)}[args.renormalize]
-    rankings = check_rankings([r.strip() for r in args.rank_by.split(",") if r.strip()] or [""])
+    rankings = check_rankings(parse_names(args.rank_by) or [""])
     return {"ns": ns, "rank_by": rankings, "renormalize": flags}
 
 
 def _check_out(args: argparse.Namespace) -> Path:
-    from tl_geometry.cli.app import _check_out as check_out
-
     return check_out(
         args,
         what="curve",
@@ -115,9 +116,7 @@ def sparsify_command(args: argparse.Namespace) -> int:
 
 
 def _sparsify(args: argparse.Namespace, options: dict, out: Path, world: Any) -> int:
-    from tl_geometry.cli.app import EXIT_INTERRUPTED, _claim_out, _command_line, _corpus, _resume_command
-
-    corpus = _corpus(args)
+    corpus = corpus_from_args(args)
     import tl_geometry as tlg
     from tl_geometry.io.store import StoreError
     from tl_geometry.report.sparsification import write_sparsify_report
@@ -126,48 +125,75 @@ def _sparsify(args: argparse.Namespace, options: dict, out: Path, world: Any) ->
     print(f"loading {args.model} ...", file=sys.stderr)
     model = tlg.load_model(args.model)
     if main_process:
-        _claim_out(out, args)
+        claim_out(out, args)
     if world is not None:
         world.barrier()
     progress = not args.no_progress and main_process
     try:
-        curve = tlg.sparsification_curve(model, corpus, ns=options["ns"], rank_by=options["rank_by"],
-                                         renormalize=options["renormalize"], seed=args.seed, batch_size=args.batch_size,
-                                         out_dir=out, progress=progress, world=world)  # fmt: skip
+        curve = tlg.sparsification_curve(
+            model,
+            corpus,
+            ns=options["ns"],
+            rank_by=options["rank_by"],
+            renormalize=options["renormalize"],
+            seed=args.seed,
+            batch_size=args.batch_size,
+            out_dir=out,
+            progress=progress,
+            world=world,
+        )
         n_star = curve.effective_set_size(args.tolerance, refine=not args.no_refine)
         if not main_process:
             return 0
     except StoreError as exc:
         raise TLGeometryError(f"{exc}; or start over with --force") from None
     except KeyboardInterrupt:
-        command = _resume_command(_command_line(args), out).replace("--resume", "--resume")
-        print(f"tl-geometry: interrupted; the points measured are saved in {out}/{CURVE_FILE}; continue with `{command}`",
-              file=sys.stderr)  # fmt: skip
+        command = resume_command(command_line(args), out)
+        print(
+            f"tl-geometry: interrupted; the points measured are saved in {out}/{CURVE_FILE}; continue with `{command}`",
+            file=sys.stderr,
+        )
         return EXIT_INTERRUPTED
     curve.table.to_csv(out / "curve.csv", index=False)
     n_star.to_csv(out / "n_star.csv", index=False)
     local = correlations = result = None
     if args.local != "none":
-        local = tlg.localized_loss(model, corpus, n=args.local_n, unit=args.local, seed=args.seed,
-                                   batch_size=args.batch_size, progress=progress)  # fmt: skip
+        local = tlg.localized_loss(
+            model,
+            corpus,
+            n=args.local_n,
+            unit=args.local,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            progress=progress,
+        )
         local.to_csv(out / "local.csv", index=False)
     if not args.no_geometry:
         grid = sorted(set(curve.table.n))
-        result = tlg.analyze(model, corpus, ns=grid, rank_by=options["rank_by"], taxonomy=False, seed=args.seed,
-                             batch_size=args.batch_size, progress=progress)  # fmt: skip
+        result = tlg.analyze(
+            model,
+            corpus,
+            ns=grid,
+            rank_by=options["rank_by"],
+            taxonomy=False,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            progress=progress,
+        )
         correlations = tlg.geometry_vs_function(result, curve)
         if local is not None:
-            correlations = __import__("pandas").concat(
-                [correlations, tlg.geometry_vs_function(result, local)], ignore_index=True
-            )
+            import pandas as pd
+
+            correlations = pd.concat([correlations, tlg.geometry_vs_function(result, local)], ignore_index=True)
         correlations.to_csv(out / "geometry_vs_function.csv", index=False)
-    page = write_sparsify_report(out, curve, n_star, local=local, result=result, correlations=correlations,
-                                 tolerance=args.tolerance)  # fmt: skip
+    page = write_sparsify_report(
+        out, curve, n_star, local=local, result=result, correlations=correlations, tolerance=args.tolerance
+    )
     print(_summary(curve, n_star, out, page))
     return 0
 
 
-def _summary(curve, n_star, out: Path, page: Path) -> str:
+def _summary(curve: Any, n_star: Any, out: Path, page: Path) -> str:
     lines = [
         f"full NLL {curve.nll_full:.4f} nats over {int(curve.table.n_tokens.iloc[0])} targets",
         "N*  (tau, per ranking):",

@@ -1,0 +1,58 @@
+"""``tl-geometry report DIR``: rebuild ``DIR/index.html`` from the results saved in ``DIR``.
+
+::
+
+    tl-geometry report runs/default
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from tl_geometry.cli.common import marked_command, resume_command
+from tl_geometry.errors import TLGeometryError
+
+
+def add_parser(sub: Any) -> None:
+    """The ``report`` sub-command."""
+    report = sub.add_parser("report", help="rebuild DIR/index.html from the results saved in DIR")
+    report.add_argument("dir", help="a directory written by `tl-geometry run`")
+    report.set_defaults(handler=report_command)
+
+
+def report_command(args: argparse.Namespace) -> int:
+    """Check that ``args.dir`` holds a finished run with readable tables, then write its report."""
+    from tl_geometry.report import build_report
+
+    src = Path(args.dir)
+    if not src.is_dir():
+        raise TLGeometryError(f"{src} is not a directory: give the --out directory of a `tl-geometry run`")
+    if not (src / "result.json").is_file() and (src / "progress" / "progress.json").is_file():
+        raise TLGeometryError(
+            f"{src} holds an interrupted run and no result yet: finish it with `{resume_command(marked_command(src), src)}`"
+        )
+    check_saved_tables(src)
+    page = build_report(src, src)
+    print(f"wrote {page}")
+    return 0
+
+
+def check_saved_tables(src: Path) -> None:
+    """Every table of a run directory readable (a truncated one is named, not a traceback)."""
+    import pyarrow.parquet as pq
+
+    from tl_geometry.pipeline.result import load_result
+
+    load_result(src)
+    for path in sorted(src.glob("*.parquet")):
+        try:
+            pq.read_metadata(path)
+        except Exception as exc:  # pyarrow raises several kinds on a damaged file
+            raise TLGeometryError(
+                f"{path} is damaged ({type(exc).__name__}): run the analysis again (tl-geometry run --force --out {src})"
+            ) from None
+
+
+__all__ = ["add_parser", "check_saved_tables", "report_command"]
