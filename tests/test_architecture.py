@@ -129,3 +129,20 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
 def test_the_formatter_is_overridden_in_at_most_15_places() -> None:
     markers = sum(path.read_text().count("# fmt: skip") for _, path in _modules())
     assert markers <= 15
+
+
+def test_every_listed_slow_test_exists() -> None:
+    from conftest import SLOW_TESTS, SMOLLM2_TESTS
+
+    missing = []
+    for entry in [*SLOW_TESTS, *SMOLLM2_TESTS]:
+        file, _, test = entry.partition("::")
+        path = ROOT / "tests" / file
+        defined = (
+            {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)}
+            if path.is_file()
+            else set()
+        )
+        if not path.is_file() or (test and test not in defined):
+            missing.append(entry)
+    assert missing == []

@@ -5,10 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
-import pytest
 from nbclient import NotebookClient
-
-pytestmark = pytest.mark.smollm2
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "demos" / "tour.ipynb"
 

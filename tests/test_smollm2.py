@@ -12,8 +12,6 @@ import torch
 import tl_geometry as tlg
 from tl_geometry.models import hook_v_name
 
-pytestmark = pytest.mark.smollm2
-
 
 @pytest.fixture(scope="module")
 def smollm2():

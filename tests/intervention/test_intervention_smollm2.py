@@ -22,8 +22,6 @@ from intervention_reference import hf_nll, hf_top_n
 import tl_geometry as tlg
 from tl_geometry.intervention.loss import corpus_nll
 
-pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
-
 TOL = 1e-6
 
 

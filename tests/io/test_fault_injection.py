@@ -82,7 +82,7 @@ def assert_same(resumed, reference) -> None:
 
 @pytest.mark.parametrize(("kill_at", "mode"), [(2, "during"), (WRITES_PER_BATCH + 4, "after")])
 def test_sigkill_then_resume_gives_every_table_bit_for_bit(tmp_path, llama_bridge, corpus, reference, kill_at, mode):
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     settings = json.dumps({k: v for k, v in SETTINGS.items()})
     proc = subprocess.run(

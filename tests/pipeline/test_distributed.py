@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from tl_geometry.errors import InputError
 from tl_geometry.pipeline.torchrun import World, check_shards, shard_windows
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 #: Tables computed window by window (equal bit for bit); the others come from sums over windows,
 #: added in another order by the shards (equal to rounding; labels and integers exactly). A standard
@@ -122,7 +122,6 @@ def _args(model: Path, out: Path, *extra: str) -> list[str]:
     return ["--model", str(model), "--n-seqs", "7", "--seq-len", "48", "--batch-size", "1", "--out", str(out), *extra]
 
 
-@pytest.mark.slow
 def test_torchrun_two_ranks_equal_one_process(tiny_dir: Path, tmp_path: Path) -> None:
     one = _run([sys.executable], _args(tiny_dir, tmp_path / "one", "--query-stride", "8"), _env())
     assert one.returncode == 0, one.stderr[-2000:]
@@ -136,7 +135,6 @@ def test_torchrun_two_ranks_equal_one_process(tiny_dir: Path, tmp_path: Path) ->
     assert sorted(table.query_pos.unique()) == [7, 15, 23, 31, 39, 47]
 
 
-@pytest.mark.slow
 def test_dead_rank_resumes_without_redoing_or_losing(tiny_dir: Path, tmp_path: Path) -> None:
     hook = tmp_path / "hook"
     hook.mkdir()
@@ -157,8 +155,6 @@ def test_dead_rank_resumes_without_redoing_or_losing(tiny_dir: Path, tmp_path: P
     _assert_same_tables(tmp_path / "one", tmp_path / "two")
 
 
-@pytest.mark.slow
-@pytest.mark.smollm2
 def test_torchrun_smollm2_equals_one_process(tmp_path: Path) -> None:
     args = ["--n-seqs", "2", "--seq-len", "64", "--batch-size", "1", "--no-diagnostics"]
     one = _run([sys.executable], [*args, "--out", str(tmp_path / "one")], _env())
@@ -200,7 +196,6 @@ def test_sharded_loss_sums_equal_one_pass() -> None:
     assert merged.total != corpus_nll(model, tokens[:4], batch_size=1, progress=False).total
 
 
-@pytest.mark.slow
 def test_torchrun_sparsify_equals_one_process(tiny_dir: Path, tmp_path: Path) -> None:
     args = ["--model", str(tiny_dir), "--n-seqs", "5", "--seq-len", "24", "--ns", "1,2,4,24", "--batch-size", "1",
             "--rank-by", "attention,random", "--local-unit", "head", "--local-n", "2", "--no-geometry"]  # fmt: skip

@@ -33,13 +33,12 @@ from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
-import pytest
 
 import tl_geometry as tlg
 from tl_geometry.plot.circuitsvis_grid import head_grid
 from tl_geometry.report import build_report, default_figures
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 INSTALL_HINT = "apt-get update && apt-get install -y --no-install-recommends chromium"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
@@ -268,7 +267,6 @@ def open_report(binary: str, page: Path, screenshot: Path) -> dict:
             cdp.close()
 
 
-@pytest.mark.slow
 def test_report_renders_offline_in_chromium(llama_bridge, tmp_path, capsys) -> None:
     binary = find_chromium()
     assert binary, (
