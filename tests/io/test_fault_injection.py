@@ -28,7 +28,7 @@ WRITES_PER_BATCH = 4  # the part, the diagnostics and taxonomy states, progress.
 KILL_SCRIPT = r"""
 import json, os, signal, sys
 repo, kill_at, mode, out, settings = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], json.loads(sys.argv[5])
-sys.path[:0] = [repo, os.path.join(repo, "tests")]
+sys.path[:0] = [repo, os.path.join(repo, "tests"), os.path.join(repo, "tests", "io")]
 import tl_geometry as tlg
 import tl_geometry.io.store as store
 from conftest import tiny_llama_bridge
