@@ -135,32 +135,20 @@ def envelopes_by_n(
             row=1,
             col=col,
         )
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=as_array(table[f"{m}_upper"]),
-                mode="lines",
-                name=f"upper envelope ({k_text})",
-                line=dict(color=UPPER_COLOR, dash="dot"),
-                legendgroup="upper",
-                showlegend=col == 1,
-            ),
-            row=1,
-            col=col,
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=as_array(table[f"{m}_lower"]),
-                mode="lines",
-                name=f"lower envelope ({k_text})",
-                line=dict(color=LOWER_COLOR, dash="dash"),
-                legendgroup="lower",
-                showlegend=col == 1,
-            ),
-            row=1,
-            col=col,
-        )
+        for side, color, dash in (("upper", UPPER_COLOR, "dot"), ("lower", LOWER_COLOR, "dash")):
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=as_array(table[f"{m}_{side}"]),
+                    mode="lines",
+                    name=f"{side} envelope ({k_text})",
+                    line=dict(color=color, dash=dash),
+                    legendgroup=side,
+                    showlegend=col == 1,
+                ),
+                row=1,
+                col=col,
+            )
     fig.update_layout(
         title=dict(text=f"Measured separability and the envelopes of Theorems 1–2 (Fig. 5), {k_text}"),
         template="plotly_white",

@@ -111,9 +111,8 @@ class RegimeThresholds:
         return cls(**overrides)
 
 
-HEAD_FEATURE_COLUMNS = [
-    "layer",
-    "head",
+#: The per-head columns that are the same on every row of a head (taken from its first row).
+PER_HEAD_COLUMNS = [
     "kv_head",
     "query_pos",
     "n_keys",
@@ -126,6 +125,11 @@ HEAD_FEATURE_COLUMNS = [
     "c_rest_std",
     "rho_0",
     "rho_0_std",
+]
+HEAD_FEATURE_COLUMNS = [
+    "layer",
+    "head",
+    *PER_HEAD_COLUMNS,
     "cos_vL_low",
     "cos_vL_high",
     "cos_v0_small",
@@ -174,22 +178,7 @@ def head_features(
     t = t.assign(n_keys=t["query_pos"] + 1)
     keys = ["layer", "head"]
     g = t.groupby(keys, sort=True)
-    first = g[
-        [
-            "kv_head",
-            "query_pos",
-            "n_keys",
-            "n_seqs",
-            "c_sink",
-            "c_sink_std",
-            "c_last",
-            "c_last_std",
-            "c_rest",
-            "c_rest_std",
-            "rho_0",
-            "rho_0_std",
-        ]
-    ].first()
+    first = g[PER_HEAD_COLUMNS].first()
     out = first.copy()
     out["cos_vL_low"] = g["cos_s_vL"].quantile(1 - stay_share)
     out["cos_vL_high"] = g["cos_s_vL"].quantile(stay_share)
