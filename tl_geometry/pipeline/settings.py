@@ -25,13 +25,10 @@ reason it has none. :data:`CLI_PRESET` holds the defaults of the command line.
 from __future__ import annotations
 
 import inspect
-import math
-import numbers
 import textwrap
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, Mapping, Sequence, get_type_hints
+from typing import Any, Callable, Mapping, get_type_hints
 
-import numpy as np
 import torch
 
 from tl_geometry.capture.hooks import resolve_query_positions
@@ -47,10 +44,21 @@ from tl_geometry.core.rankings import (
 from tl_geometry.core.sizes import resolve_ns
 from tl_geometry.errors import InputError
 from tl_geometry.io.store import describe_differences
-from tl_geometry.theory.bounds import SimilarityModel, resolve_rho
-
-#: Precisions the separability computation runs in (the model itself may run in any dtype).
-DTYPES = {"torch.float64": torch.float64, "torch.float32": torch.float32}
+from tl_geometry.pipeline.setting_checks import (
+    QUERY_WORDS,
+    check_dtype,
+    check_k_max,
+    check_kappa,
+    check_layers,
+    check_ns,
+    check_query_positions,
+    check_rho,
+    encode_ints,
+    encode_query_positions,
+    encode_rho,
+    flag,
+    positive_int,
+)
 
 
 @dataclass(frozen=True)
@@ -139,153 +147,6 @@ def setting(
     }
 
 
-# ----------------------------------------------------------------------------- scalar checks
-
-
-def as_int(value: Any, what: str) -> int:
-    """``value`` as a Python int: ints and numpy integers, not bools, floats or strings."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise InputError(f"{what} must be an integer, got {value!r} ({type(value).__name__})")
-    return int(value)
-
-
-def as_bool(value: Any, what: str) -> bool:
-    """``value`` as a Python bool: True/False (or numpy bools) only."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise InputError(f"{what} must be True or False, got {value!r} ({type(value).__name__})")
-    return bool(value)
-
-
-def _positive_int(what: str) -> Callable[[Any], int]:
-    def check(value: Any) -> int:
-        out = as_int(value, what)
-        if out < 1:
-            raise InputError(f"{what} must be a positive integer, got {value!r}")
-        return out
-
-    return check
-
-
-def _flag(what: str) -> Callable[[Any], bool]:
-    return lambda value: as_bool(value, what)
-
-
-def _ints(values: Any, what: str) -> tuple[int, ...]:
-    """A sequence (list, tuple, 1-D array or tensor) of integers as a tuple of ints, in order."""
-    if isinstance(values, torch.Tensor):
-        values = values.tolist()
-    elif isinstance(values, np.ndarray):
-        values = values.tolist() if values.dtype != np.bool_ else list(values)
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise InputError(f"{what} must be a list of integers, got {values!r}")
-    if len(values) == 0:
-        raise InputError(f"{what} is empty: give at least one value")
-    return tuple(as_int(v, f"every entry of {what}") for v in values)
-
-
-# ----------------------------------------------------------------------------- field checks
-
-
-def _check_ns(value: Any) -> str | tuple[int, ...]:
-    if value is None:
-        return "all"
-    if isinstance(value, str):
-        if value not in ("all", "log"):
-            raise InputError(f"ns={value!r} is not understood: use None/'all' (every N), 'log', or a list of ints")
-        return value
-    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
-        value = [value]
-    sizes = _ints(value, "ns")
-    bad = [n for n in sizes if n < 1]
-    if bad:
-        raise InputError(f"ns must hold sizes N >= 1, got {bad[:5]}")
-    return tuple(sorted(set(sizes)))
-
-
-def _check_query_positions(value: Any) -> str | range | slice | tuple[int, ...]:
-    if isinstance(value, str):
-        if value not in AnalysisSettings.QUERY_WORDS:
-            words = " or ".join(repr(w) for w in AnalysisSettings.QUERY_WORDS)
-            raise InputError(f"query_positions={value!r} is not understood: use {words}, an int, a list or a range")
-        return value
-    if isinstance(value, range):
-        if len(value) == 0:
-            raise InputError(f"query_positions={value!r} is empty: give at least one position")
-        return value
-    if isinstance(value, slice):
-        for part in (value.start, value.stop, value.step):
-            if part is not None:
-                as_int(part, "every part of the query_positions slice")
-        return value
-    if isinstance(value, Mapping) and set(value) == {"range"}:  # the JSON form of a range
-        return range(*_ints(value["range"], "query_positions range"))
-    if isinstance(value, Mapping) and set(value) == {"slice"}:
-        return slice(*value["slice"])
-    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
-        return (int(value),)
-    return tuple(sorted(set(_ints(value, "query_positions"))))
-
-
-def _encode_query_positions(value: Any) -> Any:
-    if isinstance(value, range):
-        return {"range": [value.start, value.stop, value.step]}
-    if isinstance(value, slice):
-        return {"slice": [value.start, value.stop, value.step]}
-    return value if isinstance(value, str) else list(value)
-
-
-def _check_layers(value: Any) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
-        value = [value]
-    layers = tuple(sorted(set(_ints(value, "layers"))))
-    bad = [layer for layer in layers if layer < 0]
-    if bad:
-        raise InputError(f"layers {bad} do not exist: layers are numbered from 0")
-    return layers
-
-
-def _check_dtype(value: Any) -> torch.dtype:
-    name = str(value)
-    if not name.startswith("torch."):
-        name = "torch." + name
-    if name not in DTYPES:
-        raise InputError(
-            f"dtype={value!r} is not supported: use torch.float64 (default) or torch.float32 (the precision of the "
-            "computation; the model itself may run in any dtype)"
-        )
-    return DTYPES[name]
-
-
-def _check_k_max(value: Any) -> int | None:
-    return None if value is None else _positive_int("k_max")(value)
-
-
-def _check_kappa(value: Any) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise InputError(f"kappa must be a positive number, got {value!r}")
-    out = float(value)
-    if not (math.isfinite(out) and out > 0):
-        raise InputError(f"kappa must be a positive finite number, got {value!r}")
-    return out
-
-
-def _check_rho(value: Any) -> str | SimilarityModel:
-    if isinstance(value, list):  # the JSON form of ("model", beta, rho_0)
-        value = tuple(value)
-    model = resolve_rho(value)
-    return "measured" if model is None else model
-
-
-def _encode_rho(value: Any) -> Any:
-    return value if isinstance(value, str) else ["model", value.beta, value.rho_0]
-
-
-def _encode_ints(value: Any) -> Any:
-    return value if value is None or isinstance(value, str) else list(value)
-
-
 # ----------------------------------------------------------------------------- the settings
 
 
@@ -313,13 +174,13 @@ class AnalysisSettings:
     """
 
     #: The words ``query_positions`` accepts besides positions.
-    QUERY_WORDS = ("last", "all")
+    QUERY_WORDS = QUERY_WORDS
 
     ns: Any = field(
         default="log",
         metadata=setting(
-            _check_ns,
-            _encode_ints,
+            check_ns,
+            encode_ints,
             type='None, "all", "log" or list of int',
             doc='Selection sizes N. ``"log"`` is a log-spaced grid (every ``N <= 8``, then 4 per doubling, '
             'and ``N = K``); None or ``"all"`` is every ``N`` from 1 to ``K``; a list is sorted and '
@@ -330,8 +191,8 @@ class AnalysisSettings:
     query_positions: Any = field(
         default="last",
         metadata=setting(
-            _check_query_positions,
-            _encode_query_positions,
+            check_query_positions,
+            encode_query_positions,
             type='"last", "all", int, list of int, range or slice',
             doc='Query positions to analyse. ``"all"`` is every position; a ``range(start, stop, stride)`` '
             "or ``slice(stride - 1, None, stride)`` takes every ``stride``-th; negative positions count "
@@ -342,8 +203,8 @@ class AnalysisSettings:
     layers: Any = field(
         default=None,
         metadata=setting(
-            _check_layers,
-            _encode_ints,
+            check_layers,
+            encode_ints,
             type="list of int or int",
             doc="Layers to analyse (default all). The forward pass stops after the last one; the list is "
             "sorted and de-duplicated.",
@@ -353,7 +214,7 @@ class AnalysisSettings:
     batch_size: int = field(
         default=4,
         metadata=setting(
-            _positive_int("batch_size"),
+            positive_int("batch_size"),
             identity=False,
             type="int",
             doc="Windows per forward pass. Results do not depend on it.",
@@ -363,7 +224,7 @@ class AnalysisSettings:
     dtype: torch.dtype = field(
         default=torch.float64,
         metadata=setting(
-            _check_dtype,
+            check_dtype,
             str,
             type="torch.float64 or torch.float32",
             doc="Precision of the separability computation. The model itself may run in any dtype; "
@@ -374,7 +235,7 @@ class AnalysisSettings:
     diagnostics: bool = field(
         default=False,
         metadata=setting(
-            _flag("diagnostics"),
+            flag("diagnostics"),
             type="bool",
             doc="Also accumulate the assumption diagnostics. Those of definitions §3 (value norms and the sink, "
             "similarity decay, the attention-weight profile of the largest query position) go into "
@@ -386,7 +247,7 @@ class AnalysisSettings:
     k_max: int | None = field(
         default=64,
         metadata=setting(
-            _check_k_max,
+            check_k_max,
             needs="diagnostics",
             type="int or None",
             doc="Largest lag of the cosine-by-lag curve c(k). Used with ``diagnostics=True``.",
@@ -396,7 +257,7 @@ class AnalysisSettings:
     taxonomy: bool = field(
         default=True,
         metadata=setting(
-            _flag("taxonomy"),
+            flag("taxonomy"),
             type="bool",
             doc="Also accumulate the regime features of every head. The definitions §5 features (mean and std "
             "over sequences, per ``N``) go into ``result.regime_features``; then ``result.sink_effect()`` "
@@ -407,7 +268,7 @@ class AnalysisSettings:
     bounds: bool = field(
         default=False,
         metadata=setting(
-            _flag("bounds"),
+            flag("bounds"),
             type="bool",
             doc="Also compute the theoretical envelopes. Those of Theorems 1-2 and Corollary 1 (definitions §4), "
             "for every row: their columns (``precision_lower``, ``precision_upper``, ``recall_lower``, "
@@ -420,7 +281,7 @@ class AnalysisSettings:
     kappa: float = field(
         default=0.5,
         metadata=setting(
-            _check_kappa,
+            check_kappa,
             needs="bounds",
             type="float",
             doc="The bounds' concentration constant. The theorems' unnamed constant, positive and finite "
@@ -431,8 +292,8 @@ class AnalysisSettings:
     rho: Any = field(
         default="measured",
         metadata=setting(
-            _check_rho,
-            _encode_rho,
+            check_rho,
+            encode_rho,
             needs="bounds",
             type='"measured", SimilarityModel or ("model", beta, rho_0)',
             doc="Source of the cosines in the bounds. The values' own cosines, or the assumption model "
@@ -650,9 +511,6 @@ __all__ = [
     "AnalysisSettings",
     "CLI_PRESET",
     "CliForm",
-    "DTYPES",
-    "as_bool",
-    "as_int",
     "check_names",
     "cli_flag",
     "cli_text",
