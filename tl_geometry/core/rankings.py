@@ -1,23 +1,11 @@
 """Rankings of the keys of an attention row: the order that defines ``I_N`` (definitions §7).
 
-A ranking gives every key ``i`` of a row a *score*; ``I_N`` is the ``N`` keys of highest score,
-ties to the lower key index (a stable sort, as in definitions §2). Four rankings exist:
-
-* ``"attention"``: ``alpha_i`` (definitions §2, the default);
-* ``"contribution"``: ``a_i = alpha_i ||v_i||``, the norm of the contribution ``y_i``;
-* ``"sink_window"``: the static StreamingLLM pattern: the sink ``0`` first, then the most recent keys
-  ``q, q-1, ...`` (score ``+inf`` for key 0, ``i`` otherwise);
-* ``"random"``: a uniform random permutation of the keys, seeded and reproducible. The score of key
-  ``i`` in draw ``r`` of a row is a uniform number in ``[0, 1)`` made by SplitMix64 hashing of
-  ``(seed, row key, draw, i)``; the *row key* hashes where the row comes from
-  (:func:`row_keys`: sequence, layer, head, query position), so a row gets the same permutations
-  whatever batch it is computed in and whether a run was resumed. The score of a key does not
-  depend on how many keys the row has, so masking future keys (``-inf``) leaves the order of the
-  visible keys a uniform permutation.
-
-Scores are returned in float64; :func:`selection_order` turns them into the selection order and
-:func:`top_n_mask` into the set ``I_N``. The engine (:func:`tl_geometry.core.separability`) and the
-intervention use these same functions.
+A ranking scores every key ``i``; ``I_N`` is the ``N`` keys of highest score, ties to the lower
+index (a stable sort): ``"attention"`` (``alpha_i``, the default), ``"contribution"``
+(``alpha_i ||v_i||``), ``"sink_window"`` (the sink, then the most recent keys) and ``"random"``
+(a seeded uniform permutation keyed by the row's origin, so a row gets the same draws in any batch
+and after a resume; docs/rankings.md). :func:`selection_order` and :func:`top_n_mask` turn scores
+into the order and the set; the engines and the intervention share them.
 
 Examples
 --------
