@@ -24,7 +24,6 @@ from tl_geometry.pipeline.plan import place_model, plan_analysis
 from tl_geometry.pipeline.result import AnalysisResult
 from tl_geometry.pipeline.settings import (
     AnalysisSettings,
-    check_names,
     fill_settings_doc,
     settings_parameters_signature,
 )
@@ -71,14 +70,13 @@ def analyze(
     AnalysisResult
     """
     if settings is None:
-        check_names(overrides)
-        settings = AnalysisSettings(**overrides)
+        settings = AnalysisSettings()
     elif not isinstance(settings, AnalysisSettings):
         raise InputError(
             f"settings must be an AnalysisSettings, got {type(settings).__name__}: give the settings as "
             "keywords (analyze(model, corpus, ns=...)) or as AnalysisSettings(...)"
         )
-    elif overrides:
+    if overrides:
         settings = settings.replace(**overrides)
     model = place_model(model, device)
     plan = plan_analysis(model, corpus, settings)

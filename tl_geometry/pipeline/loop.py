@@ -147,10 +147,9 @@ def assemble(plan: AnalysisPlan, wiring: Wiring, table: pd.DataFrame | RowsOnDis
     rows = table
     if isinstance(table, pd.DataFrame):
         order = {name: i for i, name in enumerate(plan.settings.rank_by)}
-        table = table.sort_values(
+        rows = table.sort_values(
             ROW_ORDER, key=lambda c: c.map(order) if c.name == "rank_by" else c, kind="stable"
         ).reset_index(drop=True)
-        rows = table
     extra = wiring.diagnostics.tables().as_dict() if wiring.diagnostics is not None else {}
     if wiring.taxonomy is not None:
         extra["regime_features"] = wiring.taxonomy.features()

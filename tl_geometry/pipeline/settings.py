@@ -456,10 +456,9 @@ def _python_text(value: Any) -> str:
 
 
 def _cli_line(f: Any) -> str:
-    form = f.metadata["cli"]
-    if not isinstance(form, CliForm):
+    form, flag = f.metadata["cli"], cli_flag(f)
+    if not isinstance(form, CliForm) or flag is None:
         return f"No ``tl-geometry run`` option: {form}."
-    flag = form.flag or "--" + f.name.replace("_", "-")
     value = getattr(CLI_PRESET, f.name)
     if isinstance(f.default, bool):
         return f"``tl-geometry run``: ``{flag}`` / ``--no-{flag[2:]}`` (default {cli_text(value)})."
