@@ -57,8 +57,9 @@ def times_pow2(x: Tensor, exponents: Tensor) -> Tensor:
     """``x * 2 ** exponents`` (broadcast), rounded once as :func:`torch.ldexp`: a product by an exact
     power of two, or ``ldexp`` itself where the power would leave float64's range.
 
-    >>> times_pow2(torch.tensor([3.0], dtype=torch.float64), torch.tensor([-1100])).item() == 3.0 * 2.0**-1100
-    True
+    >>> x, e = torch.tensor([2.0**100], dtype=torch.float64), torch.tensor([-1100])
+    >>> times_pow2(x, e).item() == 2.0**-1000, (x * pow2(e)).item()   # 2**-1100 itself underflows to 0
+    (True, 0.0)
     """
     if bool((exponents.abs() <= 1000).all()):
         return x * pow2(exponents)
