@@ -82,7 +82,7 @@ def test_the_layers_contract_names_every_part_of_the_package() -> None:
 
 
 def test_the_public_face_is_small_and_every_name_resolves_without_warning() -> None:
-    assert len(tlg.__all__) <= 30
+    assert len(tlg.__all__) <= 32  # 27 verbs in 0.2, room for the five of docs/competition.md and analyze_cache
     assert len(set(tlg.__all__)) == len(tlg.__all__)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

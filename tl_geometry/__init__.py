@@ -47,6 +47,7 @@ except _metadata.PackageNotFoundError:  # a source tree on sys.path that was nev
 SUBPACKAGES = (
     "capture",
     "cli",
+    "competition",
     "core",
     "diagnostics",
     "intervention",
