@@ -94,11 +94,36 @@ def check_n_random(n_random: Any) -> int:
     return int(n_random)
 
 
+#: Seeds are 64-bit words: any integer in ``[SEED_MIN, SEED_MAX]`` (its two's-complement bits).
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
+
+
 def check_seed(seed: Any) -> int:
-    """``seed`` as an int (any integer; it is hashed); otherwise one :class:`InputError`."""
+    """``seed`` as an int in ``[-2^63, 2^64 - 1]``; otherwise one :class:`InputError`.
+
+    A seed is hashed as the 64 bits of its two's complement, so ``2^64 - 1`` and ``-1`` are the
+    same seed (see :func:`seed_word`).
+
+    >>> check_seed(2**64)
+    Traceback (most recent call last):
+    ...
+    tl_geometry.errors.InputError: seed must be an integer from -2**63 to 2**64 - 1 (a 64-bit word), got 18446744073709551616
+    """
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
         raise InputError(f"seed must be an integer, got {seed!r}")
+    if not SEED_MIN <= int(seed) <= SEED_MAX:
+        raise InputError(f"seed must be an integer from -2**63 to 2**64 - 1 (a 64-bit word), got {seed!r}")
     return int(seed)
+
+
+def seed_word(seed: int) -> int:
+    """The signed int64 holding the 64 bits of ``seed`` (``seed`` as checked by :func:`check_seed`).
+
+    >>> seed_word(2**64 - 1), seed_word(7)
+    (-1, 7)
+    """
+    seed = check_seed(seed)
+    return seed - (1 << 64) if seed > (1 << 63) - 1 else seed
 
 
 # ----------------------------------------------------------------------------- hashing
@@ -162,7 +187,7 @@ def uniform_scores(
         The user's seed.
     """
     device = keys.device
-    per_draw = mix(seed, keys[..., None], torch.arange(draws, device=device))  # [*batch, R]
+    per_draw = mix(seed_word(seed), keys[..., None], torch.arange(draws, device=device))  # [*batch, R]
     bits = splitmix64(per_draw[..., None] ^ torch.arange(n_keys, device=device))  # [*batch, R, K]
     return _shift_right(bits, 11).to(torch.float64) * 2.0**-53
 
@@ -277,6 +302,9 @@ __all__ = [
     "check_rank_by",
     "check_rankings",
     "check_seed",
+    "seed_word",
+    "SEED_MAX",
+    "SEED_MIN",
     "default_row_keys",
     "mix",
     "ranking_scores",
