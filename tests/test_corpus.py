@@ -7,6 +7,8 @@ import json
 import pytest
 import torch
 from conftest import byte_tokenizer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tl_geometry as tlg
 
@@ -80,3 +82,77 @@ def test_numpy_integer_sizes_are_accepted_as_ints_and_bools_refused() -> None:
         tlg.corpus.from_texts(["hello"], n_seqs=True, seq_len=8)
     with pytest.raises(tlg.InputError, match="seq_len must be an integer >= 2"):
         tlg.corpus.from_texts(["hello"], n_seqs=1, seq_len=8.0)
+
+
+class SpyTokenizer:
+    """The byte tokenizer, recording the length of every text it is given."""
+
+    def __init__(self) -> None:
+        self.lengths: list[int] = []
+
+    def __call__(self, text, **kwargs):
+        self.lengths.append(len(text))
+        return TOK(text, **kwargs)
+
+
+def test_a_long_one_line_text_is_not_tokenised_whole() -> None:
+    """Issue 23: a 5 MB one-line text was tokenised whole (54 s) before 32 tokens were cut."""
+    text = "".join(f"word{i % 97} " for i in range(700_000))  # about 5 MB, one line
+    spy = SpyTokenizer()
+    windows = tlg.corpus.from_texts(text, n_seqs=1, seq_len=32).windows(spy, TOK.bos_token_id)
+    assert max(spy.lengths) <= 4 * tlg.corpus.PREFIX_CHARS
+    assert windows[0, 1:].tolist() == TOK(text[:1000], add_special_tokens=False)["input_ids"][:31]
+
+
+class EndSensitiveTokenizer:
+    """Bytes, except that the last ``reach`` tokens of any text become token 0: tokens near a cut change."""
+
+    def __init__(self, reach: int) -> None:
+        self.reach = reach
+
+    def __call__(self, text, **kwargs):
+        ids = TOK(text, **kwargs)["input_ids"]
+        keep = max(0, len(ids) - self.reach)
+        return {"input_ids": ids[:keep] + [0] * (len(ids) - keep)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    texts=st.lists(
+        st.builds(lambda piece, times: piece * times, st.text(alphabet="ab c\n", max_size=12), st.integers(1, 400)),
+        min_size=1,
+        max_size=3,
+    ),
+    seq_len=st.integers(2, 24),
+    prefix=st.integers(64, 200),
+    reach=st.integers(0, 127),  # a cut changes tokens within 2 x PREFIX_CHARS of it (corpus._encode_prefix)
+)
+def test_windows_cut_from_prefixes_equal_windows_of_whole_texts(texts, seq_len, prefix, reach) -> None:
+    import tl_geometry.corpus as corpus_module
+
+    tok = EndSensitiveTokenizer(reach)
+
+    if not any(t.strip() for t in texts):
+        return
+    whole = tlg.corpus.from_texts(texts, n_seqs=None, seq_len=seq_len)
+    try:
+        expected = whole.windows(tok, TOK.bos_token_id, TOK.eos_token_id)
+    except tlg.InputError:
+        return
+    n_seqs = 1 if expected.shape[0] < 4 else 2  # few tokens needed of long texts: the prefixes are cut
+    saved = corpus_module.PREFIX_CHARS
+    corpus_module.PREFIX_CHARS = prefix
+    try:
+        cut = tlg.corpus.from_texts(texts, n_seqs=n_seqs, seq_len=seq_len).windows(
+            tok, TOK.bos_token_id, TOK.eos_token_id
+        )
+    finally:
+        corpus_module.PREFIX_CHARS = saved
+    assert torch.equal(cut, expected[:n_seqs])
+
+
+def test_a_whitespace_file_is_refused_before_anything_loads(tmp_path) -> None:
+    path = tmp_path / "blank.txt"
+    path.write_text(" \n\t" * 1000)
+    with pytest.raises(tlg.InputError, match="empty"):
+        tlg.corpus.from_files(path)

@@ -53,3 +53,15 @@ def test_separability_table_on_the_real_model(result) -> None:
     # paper §4 (Fig. 5): non-trivial separability is strongest at small N and falls towards mid N
     print(by_n[["precision", "recall"]].loc[[2, 4, 8, 16, 32, 64]])
     assert by_n.loc[2, "precision"] > by_n.loc[32, "precision"]
+
+
+def test_windows_of_a_long_line_equal_those_of_tokenising_it_whole(smollm2, monkeypatch) -> None:
+    """The prefix tokenisation of long texts (corpus.PREFIX_CHARS) on SmolLM2's BPE tokenizer."""
+    import tl_geometry.corpus as corpus_module
+
+    line = " ".join(t.replace("\n", " ") for t in tlg.corpus.python_docs_texts())  # about 400k characters
+    monkeypatch.setattr(corpus_module, "PREFIX_CHARS", 10**9)
+    whole = tlg.corpus_tokens(smollm2, tlg.corpus.from_texts(line, n_seqs=6, seq_len=512))
+    for prefix in (1000, 4096):
+        monkeypatch.setattr(corpus_module, "PREFIX_CHARS", prefix)
+        assert torch.equal(tlg.corpus_tokens(smollm2, tlg.corpus.from_texts(line, n_seqs=6, seq_len=512)), whole)
