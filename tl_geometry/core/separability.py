@@ -30,6 +30,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from tl_geometry.core.budget import check_memory
 from tl_geometry.core.checks import typechecked
 from tl_geometry.core.metrics import METRICS, SeparabilityMetrics
 from tl_geometry.core.numerics import local_errors, pow2, times_pow2
@@ -54,6 +55,10 @@ from tl_geometry.errors import InputError
 #: passes over the block (faster in cache): on 2 CPU cores, SmolLM2's rows of K = 1024, 1 thread,
 #: every N: 9.7 ms per row against 12.1 at 4 MiB and 10.7 at 16 MiB.
 DEFAULT_BLOCK_BYTES = 8 << 20
+#: Bytes held per (row, draw, key) whatever the blocks: the random scores (float64) and the order (int64).
+ORDER_BYTES_PER_KEY = 16
+#: Bytes held per (row, draw, size): the metrics of every size, float64.
+METRIC_BYTES_PER_SIZE = 8 * 12
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +96,10 @@ def check_row_inputs(weights: Tensor, values: Tensor) -> None:
     """Raise :class:`InputError` for rows the definitions cannot be applied to."""
     if weights.shape[-1] < 1:
         raise InputError("attention rows must have at least one key (K >= 1), got K = 0")
+    if weights.numel() == 0:
+        raise InputError(
+            f"no attention rows to measure: weights of shape {tuple(weights.shape)} have an empty batch dimension"
+        )
     if values.shape[-1] < 1:
         raise InputError("value vectors must have at least one dimension (d_head >= 1), got d_head = 0")
     if not bool(torch.isfinite(weights.abs().amax())):  # amax keeps NaN and inf; faster than isfinite().all()
@@ -195,11 +204,16 @@ def separability(
     _check_row_keys(row_keys, tuple(weights.shape[:-1]))
     n_keys = weights.shape[-1]
     ns_t = resolve_ns(ns, n_keys, device=weights.device)
+    n_rows, n_draws = weights.numel() // n_keys, n_random if rank_by == "random" else 1
+    check_memory(
+        n_rows * n_draws * (n_keys * ORDER_BYTES_PER_KEY + ns_t.shape[0] * METRIC_BYTES_PER_SIZE),
+        f"the selection orders and metrics of {n_rows} rows x {n_draws} draws x {n_keys} keys",
+        "lower n_random, or pass fewer rows per call" if n_draws > 1 else "pass fewer rows per call",
+    )
     w, packing = einops.pack([weights], "* k")
     v, _ = einops.pack([values], "* k d")
     keys = None if row_keys is None else row_keys.reshape(-1).to(device=weights.device, dtype=torch.int64)
     rows = _ScaledRows.of(w, v)
-    n_draws = n_random if rank_by == "random" else 1
     order = _orders(rows, rank_by, n_draws, seed, keys)  # [R, draws, K]
     metrics = _separability_rows(rows, order, ns_t, distance, dtype, block_bytes)
 
@@ -341,11 +355,18 @@ def precision_recall_at_radius(
         ``precision`` and ``recall`` of shape [*batch, len(ns), r].
     """
     check_row_inputs(weights, values)
+    if radii.numel() and not bool((radii >= 0).all()):  # NaN fails too
+        raise InputError("radii must be numbers >= 0 (a ball's radius is a distance), got a negative or NaN radius")
     n_keys = weights.shape[-1]
     ns_t = resolve_ns(ns, n_keys, device=weights.device)
     w, packing = einops.pack([weights.to(dtype)], "* k")
     v, _ = einops.pack([values.to(dtype)], "* k d")
     n_rows, n_sizes = w.shape[0], ns_t.shape[0]
+    check_memory(
+        n_rows * n_sizes * radii.shape[-1] * (8 + 2 * n_keys),
+        f"the distances and balls of {n_rows} rows x {n_keys} keys x {n_sizes} sizes x {radii.shape[-1]} radii",
+        "pass fewer rows, sizes or radii per call",
+    )
     if radii.ndim == 1:
         r = einops.repeat(radii.to(dtype), "r -> rows n r", rows=n_rows, n=n_sizes)
     else:

@@ -17,6 +17,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from tl_geometry.capture.hooks import model_device
+from tl_geometry.core.budget import check_memory
 from tl_geometry.errors import InputError
 
 
@@ -69,6 +70,23 @@ def window_nll(logits: Tensor, tokens: Int[Tensor, "batch pos"]) -> Tensor:
     return torch.stack(sums)
 
 
+def check_forward_memory(model: Any, batch_size: int, seq_len: int) -> None:
+    """Refuse a forward batch whose least memory exceeds the budget (:mod:`tl_geometry.core.budget`).
+
+    Counted per layer: the attention scores and pattern (float32) and a top-N restriction's
+    ranking scores and order (float64, int64); and the logits (float32), one window's float64
+    log-probabilities.
+    """
+    cfg = model.cfg
+    heads, d_vocab = int(cfg.n_heads), int(getattr(cfg, "d_vocab", 0) or 0)
+    n_bytes = batch_size * seq_len * (24 * heads * seq_len + 4 * d_vocab) + 8 * seq_len * d_vocab
+    check_memory(
+        n_bytes,
+        f"a forward pass of {batch_size} windows x {seq_len} tokens",
+        "lower batch_size, or use shorter windows",
+    )
+
+
 def corpus_nll(
     model: Any,
     tokens: Int[Tensor, "seq pos"],
@@ -94,6 +112,7 @@ def corpus_nll(
     neighbours at float32 rounding).
     """
     tokens = check_windows(tokens)
+    check_forward_memory(model, min(batch_size, tokens.shape[0]), tokens.shape[1])
     n_windows = tokens.shape[0]
     mine = list(range(n_windows)) if windows is None else sorted({int(i) for i in windows})
     device = model_device(model)
@@ -122,4 +141,4 @@ def corpus_nll(
     return LossSum(total=float(total), n_tokens=int(n_windows * (tokens.shape[1] - 1)))
 
 
-__all__ = ["LossSum", "check_windows", "corpus_nll", "window_nll"]
+__all__ = ["LossSum", "check_forward_memory", "check_windows", "corpus_nll", "window_nll"]

@@ -9,10 +9,12 @@ import torch
 from torch import Tensor
 
 from tl_geometry.capture.hooks import model_device
+from tl_geometry.core.budget import check_memory
+from tl_geometry.core.separability import ORDER_BYTES_PER_KEY
 from tl_geometry.corpus import as_corpus, corpus_tokens
 from tl_geometry.errors import InputError
 from tl_geometry.io.store import run_identity
-from tl_geometry.models import ModelInfo, describe_model, load_model
+from tl_geometry.models import ModelInfo, check_device, describe_model, load_model
 from tl_geometry.pipeline.settings import AnalysisSettings
 
 
@@ -24,14 +26,11 @@ def place_model(model: Any, device: str | torch.device | None) -> Any:
     >>> place_model("smollm2-135m", "nowhere")
     Traceback (most recent call last):
     ...
-    tl_geometry.errors.InputError: device='nowhere' is not a torch device: use 'cpu', 'cuda', 'cuda:1', 'mps'...
+    tl_geometry.errors.InputError: device 'nowhere' is not a torch device: use 'cpu', 'cuda', 'cuda:1' or 'mps'
     """
     if device is None:
         return model
-    try:
-        target = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise InputError(f"device={device!r} is not a torch device: use 'cpu', 'cuda', 'cuda:1', 'mps'...") from None
+    target = check_device(device)
     if isinstance(model, str):
         return load_model(model, device=target)
     here = model_device(model)
@@ -115,5 +114,28 @@ def plan_analysis(model: Any, corpus: Any, settings: AnalysisSettings) -> Analys
             f"use seq_len <= {info.n_ctx}"
         )
     layers, queries = settings.resolve(info.n_layers, corpus.seq_len)
+    check_batch_memory(model, info, settings, corpus.seq_len, len(queries), corpus.n_seqs)
     tokens = corpus_tokens(model, corpus, info)
     return AnalysisPlan(model, info, settings, corpus.name, tokens, layers, queries)
+
+
+def check_batch_memory(
+    model: Any, info: ModelInfo, settings: AnalysisSettings, seq_len: int, n_queries: int, n_seqs: int | None
+) -> None:
+    """Refuse, before any forward pass, a batch whose least memory exceeds the budget (:mod:`tl_geometry.core.budget`).
+
+    Counted: one layer's attention scores and pattern and the logits of the forward pass
+    (float32), the captured weights of every query position, and the random draws of one query
+    position (the engine works through the rest in blocks).
+    """
+    batch = min(settings.batch_size, n_seqs or settings.batch_size)
+    d_vocab = int(getattr(model.cfg, "d_vocab", 0) or 0)
+    draws = settings.n_random if settings.random_control else 1
+    forward = batch * seq_len * (2 * info.n_heads * seq_len + d_vocab) * 4
+    captured = batch * info.n_heads * n_queries * seq_len * 4
+    one_position = batch * info.n_heads * draws * seq_len * ORDER_BYTES_PER_KEY
+    check_memory(
+        forward + captured + one_position,
+        f"one batch of {batch} windows x {seq_len} tokens ({n_queries} query positions, {draws} draws per row)",
+        "lower batch_size, seq_len or n_random (or measure fewer query positions)",
+    )
