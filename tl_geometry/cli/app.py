@@ -13,15 +13,23 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from tl_geometry.cli import report, run, sparsify
 from tl_geometry.cli.common import EXIT_INTERRUPTED, EXIT_USAGE
 from tl_geometry.errors import TLGeometryError
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (the usage stays one ``--help`` away), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``tl-geometry`` and its commands (each sets ``handler``, the function that runs it)."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="tl-geometry", description="Geometry of token selection in attention heads (tl_geometry)."
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -50,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-__all__ = ["build_parser", "main"]
+__all__ = ["OneLineParser", "build_parser", "main"]
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

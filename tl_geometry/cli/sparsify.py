@@ -71,7 +71,7 @@ def add_parser(sub: Any) -> None:
 
 def _options(args: argparse.Namespace) -> dict:
     """Every option checked, before the model is loaded."""
-    from tl_geometry.core.rankings import check_rankings
+    from tl_geometry.core.rankings import check_rankings, check_seed
     from tl_geometry.intervention.context import check_n
     from tl_geometry.intervention.curve import check_tolerance
 
@@ -79,6 +79,10 @@ def _options(args: argparse.Namespace) -> dict:
     ns = parse_ints(args.ns, "--ns", ("pow2",))
     if isinstance(ns, list) and (not ns or min(ns) < 1):
         raise TLGeometryError(f"--ns sizes must be integers >= 1, got {args.ns!r}")
+    try:
+        check_seed(args.seed)
+    except TLGeometryError as exc:
+        raise TLGeometryError(f"--seed: {exc}") from None
     if not math.isfinite(args.tolerance) or args.tolerance < 0:
         raise TLGeometryError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
     check_tolerance(args.tolerance)
