@@ -172,3 +172,83 @@ def test_localized_loss_joins_by_head(llama_bridge, tiny_result) -> None:
     by_layer = tlg.localized_loss(llama_bridge, from_tokens(_tokens(4, (2, 12))), n=2, unit="layer", progress=False)
     with pytest.raises(InputError, match="unit='head'"):
         tlg.join_heads(by_layer, heads)
+
+
+@pytest.mark.parametrize("kind", model_kinds())
+def test_stacked_patching_equals_transformer_lens_one_pass_per_head(kind, one_thread) -> None:
+    from transformer_lens import patching as tl_patching
+
+    model = build(kind)
+    clean, corrupt = _tokens(5), _tokens(6)
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(clean)
+        want = tl_patching.get_act_patch_attn_head_out_all_pos(model, corrupt, cache, _metric).cpu()
+    for per_pass in (3, None):  # groups that straddle layers; every head in one pass
+        got = tlg.intervention.patching.patch_head_out(model, clean, corrupt, _metric, heads_per_pass=per_pass)
+        assert got.shape == want.shape and torch.allclose(got, want.float(), atol=1e-6, rtol=0)
+    frame = tlg.intervention.patching.head_out(model, clean, corrupt, _metric)
+    assert frame.effect.tolist() == pytest.approx(want.flatten().double().tolist(), abs=1e-6)
+
+
+def _hand_attribution(model, clean, corrupt, metric) -> torch.Tensor:
+    """Per layer, one run in which that layer's hook_z is a leaf tensor; (z_clean - z_corrupt) . grad by head."""
+    info = tlg.describe_model(model)
+    _, cache = model.run_with_cache(clean)
+    out = torch.zeros(info.n_layers, info.n_heads, dtype=torch.float64)
+    for layer in range(info.n_layers):
+        name = f"blocks.{layer}.attn.hook_z"
+        leaf = {}
+
+        def as_leaf(z, hook, leaf=leaf):
+            leaf["z"] = z.detach().clone().requires_grad_(True)
+            return leaf["z"]
+
+        with torch.enable_grad():
+            metric(model.run_with_hooks(corrupt, fwd_hooks=[(name, as_leaf)])).backward()
+        diff = (cache[name] - leaf["z"].detach()).double()
+        for head in range(info.n_heads):
+            out[layer, head] = (diff[:, :, head] * leaf["z"].grad[:, :, head].double()).sum()
+    return out
+
+
+@pytest.mark.parametrize("kind", model_kinds())
+def test_attribution_equals_the_gradient_product_by_hand(kind, one_thread) -> None:
+    model = build(kind)
+    clean, corrupt = _tokens(7), _tokens(8)
+    got = tlg.intervention.patching.attribute_head_out(model, clean, corrupt, _metric)
+    want = _hand_attribution(model, clean, corrupt, _metric)
+    assert torch.allclose(got.double(), want, atol=1e-5, rtol=1e-5)
+    assert want.abs().max() > 1e-3  # not trivially zero
+
+
+def test_attribution_is_the_limit_of_exact_patching(llama_bridge, one_thread) -> None:
+    """Patching a fraction eps of (z_clean - z_corrupt) into one head: (metric(eps) - metric(-eps)) / (2 eps) -> attribution."""
+    clean, corrupt = _tokens(9), _tokens(10)
+    attribution = tlg.intervention.patching.attribute_head_out(llama_bridge, clean, corrupt, _metric)
+    _, cache = llama_bridge.run_with_cache(clean)
+    _, base = llama_bridge.run_with_cache(corrupt)
+    eps = 1e-2
+    for layer, head in [(0, 1), (1, 3)]:
+        name = f"blocks.{layer}.attn.hook_z"
+        step = cache[name][:, :, head] - base[name][:, :, head]
+
+        def run(scale, name=name, head=head, step=step):
+            def patch(z, hook):
+                z[:, :, head] = z[:, :, head] + scale * step
+                return z
+
+            with torch.inference_mode():
+                return float(_metric(llama_bridge.run_with_hooks(corrupt, fwd_hooks=[(name, patch)])))
+
+        slope = (run(eps) - run(-eps)) / (2 * eps)
+        assert float(attribution[layer, head]) == pytest.approx(slope, rel=2e-3, abs=1e-4)
+
+
+def test_patching_rejects_bad_settings_before_running(llama_bridge) -> None:
+    patching = tlg.intervention.patching
+    with pytest.raises(InputError, match="heads_per_pass"):
+        patching.patch_head_out(llama_bridge, _tokens(0), _tokens(1), _metric, heads_per_pass=0)
+    with pytest.raises(InputError, match="method"):
+        patching.head_out(llama_bridge, _tokens(0), _tokens(1), _metric, method="gradient")
+    with pytest.raises(InputError, match="scalar tensor"):
+        patching.attribute_head_out(llama_bridge, _tokens(0), _tokens(1), lambda logits: 1.0)

@@ -5,7 +5,8 @@
   :meth:`SparsificationCurve.effective_set_size` (``N*_tau``);
 * :func:`localized_loss` — one layer or one head restricted at a time;
 * :func:`geometry_vs_function` — Spearman's ``rho`` between separability and loss;
-* :mod:`~tl_geometry.intervention.patching` — TransformerLens activation patching and mean ablation per head.
+* :mod:`~tl_geometry.intervention.patching` — activation patching per head (exact, stacked in the batch, and
+  attribution patching from one backward pass; ``[n_layers, n_heads]`` tensors) and mean ablation.
 """
 
 from tl_geometry.intervention import patching

@@ -1,25 +1,33 @@
 """Per-head interventions to set beside the geometry: activation patching and mean-ablation.
 
-Columns: docs/columns.md#effect-frames.
+Columns: docs/columns.md#effect-frames; agreement and speed on SmolLM2: docs/head_types.md#patching.
 
-* :func:`head_out` — activation patching of every head's output (``hook_z``) from a clean run
-  into a corrupted run, by TransformerLens' own ``transformer_lens.patching`` (it runs with a
-  ``TransformerBridge`` on TransformerLens 4 and a ``HookedTransformer`` on 3.x);
+* :func:`patch_head_out` — exact activation patching of every head's output (``hook_z``, all
+  positions) from a clean run into a corrupted run, the ``[n_layers, n_heads]`` tensor of
+  ``transformer_lens.patching.get_act_patch_attn_head_out_all_pos``, with many heads' patched runs
+  stacked in the batch of one forward pass;
+* :func:`attribute_head_out` — attribution patching, its first-order estimate from one forward and
+  one backward pass: ``effect[l, h] = sum_{batch, pos, d} (z_clean - z_corrupted) * d metric / d z``;
+* :func:`head_out` — either, as the tidy frame ``layer, head, effect`` (:func:`as_frame`);
 * :func:`mean_ablation` — the loss change when one head's output is replaced by its mean, the
   functional test of the regimes (definitions §5) where no localised loss is at hand.
 
-Both return a tidy frame, one row per (layer, head), that :func:`tl_geometry.join_heads` joins
-with the regimes and the separability.
+:func:`tl_geometry.join_heads` joins the tensor or the frame with the regimes and the separability::
+
+    effects = patch_head_out(model, clean, corrupted, metric)       # [n_layers, n_heads]
+    estimate = attribute_head_out(model, clean, corrupted, metric)  # ~ effects - metric(corrupted)
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from jaxtyping import Int
+from einops import einsum
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.capture.hooks import model_device
@@ -45,17 +53,207 @@ def _check_tokens(tokens: Any, name: str) -> Tensor:
     return tokens
 
 
+#: Token positions (batch x pos) one stacked forward pass of :func:`patch_head_out` holds by default.
+TOKENS_PER_PASS = 8192
+
+#: The two ways of :func:`head_out`.
+METHODS = ("exact", "attribution")
+
+
+def _check_pair(clean_tokens: Any, corrupted_tokens: Any, metric: Any) -> tuple[Tensor, Tensor]:
+    clean_tokens = _check_tokens(clean_tokens, "clean_tokens")
+    corrupted_tokens = _check_tokens(corrupted_tokens, "corrupted_tokens")
+    if clean_tokens.shape != corrupted_tokens.shape:
+        raise InputError(
+            f"clean_tokens {tuple(clean_tokens.shape)} and corrupted_tokens {tuple(corrupted_tokens.shape)} "
+            "must have the same shape (patching swaps activations position by position)"
+        )
+    if not callable(metric):
+        raise InputError("metric must be a function of the logits returning a scalar tensor")
+    return clean_tokens, corrupted_tokens
+
+
+def _clean_z(model: Any, tokens: Tensor) -> dict[str, Tensor]:
+    """``hook_z`` of every layer on ``tokens``: name -> ``[batch, pos, head, d_head]``."""
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_z"))
+    return {name: cache[name].clone() for name in cache.keys()}
+
+
+def patch_head_out(
+    model: Any,
+    clean_tokens: Int[Tensor, "batch pos"],
+    corrupted_tokens: Int[Tensor, "batch pos"],
+    metric: Callable[[Tensor], Tensor],
+    *,
+    heads_per_pass: int | None = None,
+) -> Float[Tensor, "n_layers n_heads"]:
+    """Exact activation patching of every head's output, as TransformerLens shapes it.
+
+    The effect of head ``h`` of layer ``l`` is ``metric(logits)`` of the corrupted run with
+    ``hook_z[:, :, h]`` of layer ``l`` replaced, at every position, by its value in the clean run:
+    ``transformer_lens.patching.get_act_patch_attn_head_out_all_pos``. That function runs one
+    forward pass per head; here ``heads_per_pass`` heads' patched runs are stacked along the batch
+    dimension of one forward pass (copy ``g`` of the corrupted batch patches the ``g``-th head), so
+    the model runs ``ceil(n_layers * n_heads / heads_per_pass)`` times on a larger batch.
+
+    Parameters
+    ----------
+    model : TransformerBridge or HookedTransformer
+    clean_tokens, corrupted_tokens : [batch, pos] int token ids of the same shape.
+    metric : callable
+        Logits ``[batch, pos, vocab]`` -> scalar tensor (e.g. the normalised logit difference
+        ``(logit_diff - corrupt) / (clean - corrupt)`` of the right answer). It is called on the
+        ``batch`` rows of one patched run at a time, as TransformerLens calls it.
+    heads_per_pass : int, optional
+        Heads patched in one forward pass. Default: as many as keep a pass at
+        :data:`TOKENS_PER_PASS` token positions (``batch * pos`` each), at least 1.
+
+    Returns
+    -------
+    Tensor ``[n_layers, n_heads]`` (float32, on the CPU): the metric of each patched run. The tidy
+    frame ``layer, head, effect`` is :func:`head_out` (or :func:`as_frame` of this tensor).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from tl_geometry.testing import tiny_llama_bridge
+    >>> model = tiny_llama_bridge()
+    >>> clean, corrupt = torch.randint(3, 259, (2, 8)), torch.randint(3, 259, (2, 8))
+    >>> patch_head_out(model, clean, corrupt, lambda logits: logits[:, -1, 5].mean()).shape
+    torch.Size([2, 4])
+    """
+    clean_tokens, corrupted_tokens = _check_pair(clean_tokens, corrupted_tokens, metric)
+    if heads_per_pass is not None and (isinstance(heads_per_pass, bool) or heads_per_pass < 1):
+        raise InputError(f"heads_per_pass must be a positive int, got {heads_per_pass!r}")
+    info = describe_model(model)
+    device = model_device(model)
+    batch, n_pos = corrupted_tokens.shape
+    per_pass = heads_per_pass or max(1, TOKENS_PER_PASS // (batch * n_pos))
+    clean_z = _clean_z(model, clean_tokens.to(device))
+    corrupted = corrupted_tokens.to(device)
+    heads = [(layer, head) for layer in range(info.n_layers) for head in range(info.n_heads)]
+    effects = torch.empty(info.n_layers, info.n_heads)
+    for start in range(0, len(heads), per_pass):
+        group = heads[start : start + per_pass]
+        by_layer: dict[int, list[tuple[int, int]]] = {}
+        for copy, (layer, head) in enumerate(group):
+            by_layer.setdefault(layer, []).append((copy, head))
+
+        def patch(z: Tensor, hook: Any, copies: list[tuple[int, int]], clean: Tensor) -> Tensor:
+            for copy, head in copies:
+                z[copy * batch : (copy + 1) * batch, :, head] = clean[:, :, head]
+            return z
+
+        hooks = [
+            (HOOK_Z.format(layer=layer), partial(patch, copies=copies, clean=clean_z[HOOK_Z.format(layer=layer)]))
+            for layer, copies in by_layer.items()
+        ]
+        stacked = corrupted.repeat(len(group), 1)  # copy g = rows g*batch .. (g+1)*batch
+        with torch.inference_mode():
+            logits = model.run_with_hooks(stacked, fwd_hooks=hooks)
+            for copy, (layer, head) in enumerate(group):
+                effects[layer, head] = float(metric(logits[copy * batch : (copy + 1) * batch]))
+    return effects
+
+
+def attribute_head_out(
+    model: Any,
+    clean_tokens: Int[Tensor, "batch pos"],
+    corrupted_tokens: Int[Tensor, "batch pos"],
+    metric: Callable[[Tensor], Tensor],
+) -> Float[Tensor, "n_layers n_heads"]:
+    """Attribution patching of every head's output: the gradient estimate of :func:`patch_head_out`.
+
+    ``effect[l, h] = sum over batch, pos, d_head of (z_clean - z_corrupted) * d metric / d z`` with
+    ``z = hook_z[:, :, h]`` of layer ``l`` and the gradient taken at the corrupted run: the
+    first-order estimate of ``metric(patched) - metric(corrupted)`` (TransformerLens' direction,
+    clean patched into corrupted). One forward pass on the clean tokens, one forward and one
+    backward pass on the corrupted tokens, whatever the number of heads. Each ``hook_z`` enters the
+    graph as ``z + delta`` with a zero ``delta`` that requires grad, so the gradient is the total
+    derivative (through every later layer) without touching the model's parameters. Agreement with
+    exact patching on SmolLM2: docs/head_types.md#patching.
+
+    Parameters
+    ----------
+    model : TransformerBridge or HookedTransformer
+    clean_tokens, corrupted_tokens : [batch, pos] int token ids of the same shape.
+    metric : callable
+        Logits ``[batch, pos, vocab]`` -> scalar tensor, differentiable (as for
+        :func:`patch_head_out`).
+
+    Returns
+    -------
+    Tensor ``[n_layers, n_heads]`` (float32, on the CPU): the estimated change of the metric. Add
+    ``metric(corrupted logits)`` to compare with :func:`patch_head_out`, which returns the metric itself.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from tl_geometry.testing import tiny_llama_bridge
+    >>> model = tiny_llama_bridge()
+    >>> clean, corrupt = torch.randint(3, 259, (2, 8)), torch.randint(3, 259, (2, 8))
+    >>> attribute_head_out(model, clean, corrupt, lambda logits: logits[:, -1, 5].mean()).shape
+    torch.Size([2, 4])
+    """
+    clean_tokens, corrupted_tokens = _check_pair(clean_tokens, corrupted_tokens, metric)
+    info = describe_model(model)
+    device = model_device(model)
+    clean_z = _clean_z(model, clean_tokens.to(device))
+    names = [HOOK_Z.format(layer=layer) for layer in range(info.n_layers)]
+    deltas: dict[str, Tensor] = {}
+    seen: dict[str, Tensor] = {}
+
+    def track(z: Tensor, hook: Any, name: str) -> Tensor:
+        delta = torch.zeros_like(z, requires_grad=True)
+        deltas[name], seen[name] = delta, z.detach()
+        return z + delta
+
+    with torch.enable_grad():
+        logits = model.run_with_hooks(
+            corrupted_tokens.to(device), fwd_hooks=[(name, partial(track, name=name)) for name in names]
+        )
+        value = metric(logits)
+        if not isinstance(value, Tensor) or value.numel() != 1 or not value.requires_grad:
+            raise InputError("metric must return a scalar tensor that depends on the logits (differentiably)")
+        missing = [name for name in names if name not in deltas]
+        if missing:
+            raise InputError(f"{missing[:3]} did not fire during the forward pass: attribution needs every hook_z")
+        grads = torch.autograd.grad(value, [deltas[name] for name in names], allow_unused=True)
+    effects = torch.zeros(info.n_layers, info.n_heads)
+    for layer, (name, grad) in enumerate(zip(names, grads)):
+        if grad is not None:  # a layer the metric does not depend on
+            diff = clean_z[name].to(grad.dtype) - seen[name].to(grad.dtype)
+            effects[layer] = einsum(diff, grad, "batch pos head d, batch pos head d -> head").detach().cpu()
+    return effects
+
+
+def as_frame(effects: Float[Tensor, "n_layers n_heads"], column: str = "effect") -> pd.DataFrame:
+    """The tidy frame ``layer, head, <column>`` (one row per head) of a ``[n_layers, n_heads]`` tensor.
+
+    Examples
+    --------
+    >>> import torch
+    >>> as_frame(torch.tensor([[0.5, 1.0]])).to_dict("records")
+    [{'layer': 0, 'head': 0, 'effect': 0.5}, {'layer': 0, 'head': 1, 'effect': 1.0}]
+    """
+    return effect_frame(effects, column)
+
+
 def head_out(
     model: Any,
     clean_tokens: Int[Tensor, "batch pos"],
     corrupted_tokens: Int[Tensor, "batch pos"],
     metric: Callable[[Tensor], Tensor],
+    *,
+    method: str = "exact",
 ) -> pd.DataFrame:
-    """Patch each head's output, at every position, from the clean run into the corrupted run.
+    """Patch each head's output from the clean run into the corrupted run, as a tidy frame.
 
-    ``transformer_lens.patching.get_act_patch_attn_head_out_all_pos``: for every (layer, head),
-    one forward pass on ``corrupted_tokens`` in which ``hook_z[:, :, head]`` of that layer is
-    replaced by its value in the clean run; ``metric(logits)`` of that run is the effect.
+    ``method="exact"``: :func:`patch_head_out` (the metric of each patched run, as
+    ``transformer_lens.patching.get_act_patch_attn_head_out_all_pos``); ``method="attribution"``:
+    :func:`attribute_head_out` (the gradient estimate of the metric's change). For the
+    ``[n_layers, n_heads]`` tensor, call those two directly.
 
     Parameters
     ----------
@@ -63,6 +261,7 @@ def head_out(
     clean_tokens, corrupted_tokens : [batch, pos] int token ids of the same shape.
     metric : logits ``[batch, pos, vocab]`` -> scalar tensor (e.g. the normalised logit
         difference ``(logit - corrupt) / (clean - corrupt)`` of the right answer).
+    method : {"exact", "attribution"}, default "exact"
 
     Returns
     -------
@@ -78,22 +277,10 @@ def head_out(
     >>> effects.shape
     (8, 3)
     """
-    from transformer_lens import patching
-
-    clean_tokens = _check_tokens(clean_tokens, "clean_tokens")
-    corrupted_tokens = _check_tokens(corrupted_tokens, "corrupted_tokens")
-    if clean_tokens.shape != corrupted_tokens.shape:
-        raise InputError(
-            f"clean_tokens {tuple(clean_tokens.shape)} and corrupted_tokens {tuple(corrupted_tokens.shape)} "
-            "must have the same shape (patching swaps activations position by position)"
-        )
-    if not callable(metric):
-        raise InputError("metric must be a function of the logits returning a scalar tensor")
-    device = model_device(model)
-    with torch.inference_mode():
-        _, cache = model.run_with_cache(clean_tokens.to(device), names_filter=lambda name: name.endswith("hook_z"))
-        effects = patching.get_act_patch_attn_head_out_all_pos(model, corrupted_tokens.to(device), cache, metric)
-    return effect_frame(effects, "effect")
+    if method not in METHODS:
+        raise InputError(f"method must be one of {list(METHODS)}, got {method!r}")
+    compute = patch_head_out if method == "exact" else attribute_head_out
+    return as_frame(compute(model, clean_tokens, corrupted_tokens, metric))
 
 
 def _loss(logits: Tensor, tokens: Tensor) -> float:
