@@ -36,7 +36,7 @@ from tl_geometry.models import ModelInfo, describe_model, load_model
 from tl_geometry.pipeline.analysis import analyze
 from tl_geometry.pipeline.result import AnalysisResult, load_result
 from tl_geometry.pipeline.settings import AnalysisSettings
-from tl_geometry.taxonomy import classify_heads, join_heads, regime_clusters, regime_function
+from tl_geometry.taxonomy import classify_heads, head_types, join_heads, regime_clusters, regime_function
 
 try:  # the version lives in pyproject.toml only; an installed package (editable too) carries it
     __version__ = _metadata.version("tl-geometry")
@@ -101,6 +101,7 @@ __all__ = [
     "regime_clusters",
     "join_heads",
     "regime_function",
+    "head_types",
     # errors
     "TLGeometryError",
     "InputError",

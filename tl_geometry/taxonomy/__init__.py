@@ -12,6 +12,9 @@
   agreement (adjusted Rand index, contingency) of ``k = 3`` with both rule modes;
 * :func:`join_heads`, :func:`regime_function` — per-head effects (patching, ablation, localised
   loss) joined with the regimes and the separability, and summarised by regime;
+* :func:`head_types` — previous-token, duplicate-token, induction and current-token scores
+  (TransformerLens' ``head_detector`` definitions on repeated random tokens) beside the regimes;
+  :func:`head_type_crosstab`, :func:`regime_agreement` (the same label in two runs);
 * :func:`sink_effect` — per ``N``, Pearson and Spearman correlation of recall with ``rho_0``
   across heads (Figure 6);
 * :func:`regime_shares` (Figure 8), :func:`regime_pr_curves` (Figure 11) and
@@ -32,6 +35,13 @@ from tl_geometry.taxonomy.classify import (
 from tl_geometry.taxonomy.clusters import STRUCTURE_SILHOUETTE, RegimeClusters, cluster_features, regime_clusters
 from tl_geometry.taxonomy.features import RegimeFeatures, regime_features, sink_similarity
 from tl_geometry.taxonomy.function import RegimeFunction, join_heads, regime_function
+from tl_geometry.taxonomy.head_types import (
+    HEAD_TYPES,
+    head_type_crosstab,
+    head_types,
+    regime_agreement,
+    repeated_random_tokens,
+)
 from tl_geometry.taxonomy.observer import TaxonomyObserver, halves
 from tl_geometry.taxonomy.sink_effect import average_ranks, pearson, rho0_table, sink_effect, spearman
 from tl_geometry.taxonomy.summaries import (
@@ -48,6 +58,7 @@ __all__ = [
     "FEATURE_TABLE_COLUMNS",
     "FeatureAccumulator",
     "HEAD_FEATURE_COLUMNS",
+    "HEAD_TYPES",
     "REGIMES",
     "RegimeClusters",
     "RegimeFeatures",
@@ -61,15 +72,19 @@ __all__ = [
     "classify_heads",
     "cluster_features",
     "halves",
+    "head_type_crosstab",
+    "head_types",
     "join_heads",
     "head_features",
     "pearson",
     "regime_clusters",
     "regime_feature_table",
+    "regime_agreement",
     "regime_features",
     "regime_function",
     "regime_pr_curves",
     "regime_shares",
+    "repeated_random_tokens",
     "rho0_table",
     "sink_effect",
     "sink_similarity",
