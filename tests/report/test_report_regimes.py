@@ -78,3 +78,16 @@ def test_cli_mean_ablation_feeds_the_effect_figure(tmp_path, capsys, monkeypatch
         (tmp_path / "plain" / "index.html").read_text(encoding="utf-8"), "taxonomy"
     )
     capsys.readouterr()
+
+
+def test_report_cross_tabulates_regimes_against_head_types(result, llama_bridge, tmp_path) -> None:
+    without = _section(build_report(result, tmp_path / "none").read_text(encoding="utf-8"), "head_types")
+    assert "not available: pass head_types=" in without and "plotly-graph-div" not in without
+    table = tlg.head_types(llama_bridge, result, n_seqs=2, half_len=8, threshold=1e-9)  # every head typed
+    page = build_report(result, tmp_path / "types", head_types=table).read_text(encoding="utf-8")
+    section = _section(page, "head_types")
+    assert f"{len(table)} of {len(table)} heads have a circuit type" in section
+    assert section.count('class="plotly-graph-div"') == 2 and "Regimes (nearest) against circuit head types" in section
+    assert section.count("<tr>") >= len(table)  # the typed-heads table: one row per typed head
+    with pytest.raises(tlg.InputError, match="regimes"):
+        build_report(result, tmp_path / "bad", head_types=table.drop(columns="regime_strict"))

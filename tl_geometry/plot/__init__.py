@@ -13,6 +13,7 @@ from tl_geometry.plot.attention import attention_mass
 from tl_geometry.plot.circuitsvis_grid import HeadGrid, head_grid, head_grid_html
 from tl_geometry.plot.colors import METRIC_COLORS, REGIME_COLORS, REGIME_ORDER
 from tl_geometry.plot.contributions import contribution_points, contributions_from_model, contributions_scatter
+from tl_geometry.plot.head_types import regimes_vs_head_types
 from tl_geometry.plot.heatmap import head_heatmap, head_values
 from tl_geometry.plot.norms import norm_cv_histogram, norms_by_position
 from tl_geometry.plot.rankings import RANKING_COLORS, separability_by_ranking
@@ -53,6 +54,7 @@ __all__ = [
     "head_heatmap",
     "cluster_scatter",
     "effect_by_regime",
+    "regimes_vs_head_types",
     "loss_curve",
     "geometry_vs_loss",
     "localized_loss_map",

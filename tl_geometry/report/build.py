@@ -13,7 +13,14 @@ from tl_geometry.capture.tables import check_heads
 from tl_geometry.errors import InputError
 from tl_geometry.io.files import write_atomic
 from tl_geometry.pipeline.result import AnalysisResult, load_result
-from tl_geometry.report.figures import SECTIONS, ReportFigure, as_report_figures, default_figures, regime_test_figures
+from tl_geometry.report.figures import (
+    SECTIONS,
+    ReportFigure,
+    as_report_figures,
+    default_figures,
+    head_type_figures,
+    regime_test_figures,
+)
 from tl_geometry.report.page import (
     check_self_contained,
     footer_html,
@@ -26,6 +33,7 @@ from tl_geometry.report.sections import (
     Summary,
     diagnostics_summary,
     envelope_summary,
+    head_types_summary,
     header_rows,
     heads_table,
     read_run_info,
@@ -49,6 +57,7 @@ def build_report(
     head_grid_html: str | Any | None = None,
     heads: pd.DataFrame | None = None,
     effects: Any = None,
+    head_types: pd.DataFrame | None = None,
     title: str | None = None,
 ) -> Path:
     """Write ``out_dir/index.html``: one self-contained page with everything the result holds.
@@ -82,6 +91,10 @@ def build_report(
         mean_ablation`, the localised loss) for the effect-by-regime figure; else
         ``head_effects.parquet`` of the directory. With the default figures the taxonomy section
         also shows the k-means clusters of the heads (:func:`tl_geometry.regime_clusters`).
+    head_types : DataFrame, optional
+        :func:`tl_geometry.head_types` joined to the regimes (``tlg.head_types(model, result)``):
+        the section "Regimes and circuit head types" lists the typed heads and cross-tabulates
+        regimes against head types in both modes; else it says how to get them.
     title : str, optional
         Page title (default ``"tl_geometry report: <model>"``).
 
@@ -104,8 +117,9 @@ def build_report(
         figs = default_figures(result, heads=heads) + regime_test_figures(result, heads, src.effects)
     else:
         figs = as_report_figures(figures)
+    figs += head_type_figures(head_types)
     fragment = _fragment(src.head_grid_html)
-    sections, nav = _sections(result, heads, why_no_heads, figs, fragment)
+    sections, nav = _sections(result, heads, why_no_heads, figs, fragment, head_types)
     page = page_html(
         title or f"tl_geometry report: {result.model.name}",
         meta_html(header_rows(result, src.run_info)),
@@ -153,7 +167,12 @@ def _read_source(result_or_dir: Any, head_grid_html: Any, heads: Any, effects: A
 
 
 def _sections(
-    result: AnalysisResult, heads: Any, why_no_heads: str | None, figs: list[ReportFigure], fragment: str | None
+    result: AnalysisResult,
+    heads: Any,
+    why_no_heads: str | None,
+    figs: list[ReportFigure],
+    fragment: str | None,
+    head_types: pd.DataFrame | None = None,
 ) -> tuple[list[str], list[tuple[str, str, bool]]]:
     """The HTML of every section (summary, figures), then the head grid, and the navigation entries."""
     kappa = ((result.config or {}).get("bounds") or {}).get("kappa")
@@ -162,6 +181,7 @@ def _sections(
         "envelopes": envelope_summary(result),
         "diagnostics": diagnostics_summary(result),
         "taxonomy": taxonomy_summary(heads, why_no_heads),
+        "head_types": head_types_summary(head_types),
         "sparsification": None,  # its own page: tl_geometry.report.sparsification (tl-geometry sparsify)
         "other": None,
     }

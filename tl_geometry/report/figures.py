@@ -27,6 +27,7 @@ SECTIONS = {
     "envelopes": "Envelopes",
     "diagnostics": "Assumption diagnostics",
     "taxonomy": "Head taxonomy",
+    "head_types": "Regimes and circuit head types",
     "sparsification": "Sparsification (top-N intervention)",
     "other": "More figures",
 }
@@ -271,6 +272,25 @@ def default_figures(result: Any, heads: Any = None) -> list[ReportFigure]:
                 title = f"{title} ({k + 1})"
             out.append(ReportFigure(title, summary, fig, section, source=source))
     return out
+
+
+def head_type_figures(table: Any) -> list[ReportFigure]:
+    """The cross-table of regimes against circuit head types, both modes, from a
+    :func:`tl_geometry.head_types` table joined to the regimes (empty when ``table`` is None)."""
+    if table is None:
+        return []
+    import tl_geometry.plot as plot
+
+    return [
+        ReportFigure(
+            f"Regimes ({mode}) against circuit head types",
+            _summary_line(plot.regimes_vs_head_types),
+            plot.regimes_vs_head_types(table, mode),
+            "head_types",
+            source="tl_geometry.plot.regimes_vs_head_types",
+        )
+        for mode in ("strict", "nearest")
+    ]
 
 
 def regime_test_figures(result: Any, heads: Any, effects: Any = None) -> list[ReportFigure]:

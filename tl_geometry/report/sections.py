@@ -247,6 +247,32 @@ def taxonomy_summary(heads: pd.DataFrame | None, why: str | None) -> Summary:
     return Summary(True, lead=lead, tables=tables)
 
 
+def head_types_summary(table: pd.DataFrame | None) -> Summary:
+    """The lead and the typed heads of a :func:`tl_geometry.head_types` table joined to the regimes."""
+    if table is None:
+        return Summary(
+            False,
+            note="not available: pass head_types=tlg.head_types(model, result) to build_report "
+            "(previous-token, duplicate-token, induction and current-token scores on repeated random tokens)",
+        )
+    if not {"head_type", "regime_strict", "regime_nearest"} <= set(table.columns):
+        raise InputError("head_types= needs tlg.head_types(model, regimes) with the regimes joined (pass regimes=)")
+    kinds = table["head_type"].astype(str)
+    typed = table[kinds != "none"]
+    threshold = table.attrs.get("threshold")
+    lead = (
+        f"{len(typed)} of {len(table)} heads have a circuit type (largest TransformerLens head_detector score "
+        f"{'>= ' + format(threshold, 'g') if threshold is not None else 'over the threshold'}, on repeated random "
+        f"tokens): {_totals(kinds[kinds != 'none'], sorted(set(kinds) - {'none'}))}. "
+        "The figures count them by regime; the table lists each typed head with its scores and both labels."
+    )
+    columns = ["layer", "head", "head_type"] + [c for c in table.columns if c.endswith("_score")]
+    listing = typed[[*columns, "regime_strict", "regime_nearest"]].copy()
+    for column in columns[3:]:
+        listing[column] = listing[column].round(3)
+    return Summary(True, lead=lead, tables=[("Typed heads", listing.reset_index(drop=True))])
+
+
 def read_run_info(text: str) -> dict | None:
     try:
         data = json.loads(text)
