@@ -81,7 +81,7 @@ def test_float32_inputs_are_computed_in_float64() -> None:
 
 def test_subset_of_ns_in_given_order() -> None:
     weights, values = random_rows("random", n_rows=2, k=20, d=4, seed=7)
-    full = tlg.separability(weights, values)
+    full = tlg.separability(weights, values, "all")
     some = tlg.separability(weights, values, ns=[7, 1, 20])
     assert some.ns.tolist() == [7, 1, 20]
     for f in FIELDS:

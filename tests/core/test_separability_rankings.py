@@ -80,8 +80,8 @@ def test_random_control_does_not_depend_on_the_batch():
 def test_random_control_is_the_mean_of_its_draws():
     """n_random draws = the mean of the draws taken one at a time (draw r of n is draw r of n + m)."""
     weights, values = random_rows("random", n_rows=2, k=25, d=4, seed=4)
-    four = tlg.separability(weights, values, rank_by="random", n_random=4)
-    one = tlg.separability(weights, values, rank_by="random", n_random=1)
+    four = tlg.separability(weights, values, "all", rank_by="random", n_random=4)
+    one = tlg.separability(weights, values, "all", rank_by="random", n_random=1)
     assert not torch.equal(four.precision, one.precision)
     ref = [
         row_metrics(weights[0], values[0], n, "random", "euclidean", 0, mix(0, 0, 0, 0), 1)["precision"]

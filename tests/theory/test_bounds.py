@@ -224,7 +224,7 @@ def test_upper_bounds_match_full_pair_matrix(seed):
     k_keys, d = 48, 16
     w = torch.softmax(2 * torch.randn(k_keys, generator=g, dtype=torch.float64), dim=-1)
     v = torch.randn(k_keys, d, generator=g, dtype=torch.float64) * (2 + 30 * seed)
-    b = bounds(w, v)
+    b = bounds(w, v, "all")
     p_up, r_up = brute_upper(w, v)
     assert np.allclose(b.precision_upper[1:-1].numpy(), p_up, rtol=0, atol=1e-12)
     assert np.allclose(b.recall_upper[1:-1].numpy(), r_up, rtol=0, atol=1e-12)
@@ -458,7 +458,7 @@ def test_monte_carlo_upper_bounds_fail():
 
 def test_size_phases_table2():
     prof = PiecewiseProfile(p_sink=0.5, p_base=0.01, eta_osc=0.5, omega=1.3, eta_exp=0.4, t1=10, t2=30, n_keys=40)
-    table = size_phases(prof)
+    table = size_phases(prof, "all")
     m1, m2, m3 = phase_boundaries(prof)
     assert (table.attrs["m1"], table.attrs["m2"], table.attrs["m3"]) == (m1, m2, m3)
     assert 1 < m1 <= m2 <= m3 <= 41

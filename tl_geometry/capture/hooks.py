@@ -19,7 +19,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from tl_geometry.errors import InputError, ModelError
+from tl_geometry.core.layouts import resolve_query_positions, values_per_head
+from tl_geometry.errors import ModelError
 from tl_geometry.models import ModelInfo, hook_pattern_name, hook_v_name
 
 
@@ -63,41 +64,6 @@ def forward_with_hooks(model: Any, tokens: Int[Tensor, "batch pos"], fwd_hooks: 
             model.run_with_hooks(tokens.to(model_device(model)), fwd_hooks=list(fwd_hooks))
         except StopForward:
             pass
-
-
-def resolve_query_positions(spec: Any, seq_len: int) -> tuple[int, ...]:
-    """Query positions from a user spec: ``"last"``, ``"all"``, an int, a sequence of ints, or a range/slice.
-
-    Negative positions count from the end (``-1`` is the last). Returned sorted and unique.
-    Position 0 has a single key and is allowed, though every metric is trivially 1 there.
-    """
-    if isinstance(spec, str):
-        if spec == "all":
-            return tuple(range(seq_len))
-        if spec != "last":
-            raise InputError(
-                f"query_positions={spec!r} is not understood: use 'last', 'all', an int, a list or a range"
-            )
-        return (seq_len - 1,)
-    if isinstance(spec, slice):
-        spec = range(*spec.indices(seq_len))
-    items = [spec] if isinstance(spec, int) else list(spec)
-    if not items:
-        raise InputError("query_positions is empty: give at least one position")
-    out = set()
-    for q in items:
-        if not isinstance(q, int):
-            raise InputError(f"query positions must be ints, got {q!r}")
-        p = q + seq_len if q < 0 else q
-        if not 0 <= p < seq_len:
-            raise InputError(f"query position {q} is outside windows of {seq_len} tokens (valid: 0..{seq_len - 1})")
-        out.add(p)
-    return tuple(sorted(out))
-
-
-def values_per_head(values: Float[Tensor, "batch key kv_head d_head"], kv_head_of: Int[Tensor, " head"]) -> Tensor:
-    """Values seen by every query head: ``[batch, head, key, d_head]`` with ``v[.., h] = v[.., g(h)]``."""
-    return einops.rearrange(values.index_select(2, kv_head_of.to(values.device)), "b k h d -> b h k d")
 
 
 def as_kv_values(values: Tensor, info: ModelInfo) -> Tensor:
@@ -200,3 +166,16 @@ def model_device(model: Any) -> torch.device:
         return next(model.parameters()).device
     except (StopIteration, AttributeError, TypeError):
         return torch.device(cfg_device or "cpu")
+
+
+__all__ = [
+    "LayerBatch",
+    "LayerObserver",
+    "StopForward",
+    "as_kv_values",
+    "forward_with_hooks",
+    "model_device",
+    "resolve_query_positions",
+    "run_streaming",
+    "values_per_head",
+]

@@ -30,8 +30,9 @@ import torch
 from torch import Tensor
 
 import tl_geometry.core.metrics as core_metrics
-from tl_geometry.capture.hooks import LayerBatch, values_per_head
+from tl_geometry.capture.hooks import LayerBatch
 from tl_geometry.capture.tables import KEY_COLUMNS, empty_table, head_rows_table, query_rows_table
+from tl_geometry.core.layouts import values_per_head
 from tl_geometry.core.query_engine import separability_queries
 from tl_geometry.core.rankings import (
     DEFAULT_N_RANDOM,
@@ -246,6 +247,7 @@ class SeparabilityObserver(RowMetricsObserver):
                     weights,
                     row_values,
                     self.ns,
+                    query_positions=q,  # the rows are cut to the causal keys 0..q already
                     rank_by=rank_by,
                     distance=self.distance,
                     n_random=self.n_random,

@@ -8,7 +8,9 @@ No model, no files: tensors in, tensors out. Everything above this layer builds 
 * :mod:`~tl_geometry.core.query_engine` — the same for every query position of a window at once;
 * :mod:`~tl_geometry.core.screening` — the float32 screen with an exact float64 re-check;
 * :mod:`~tl_geometry.core.numerics` — the shared numerics (accumulator dtype, exact scaling, std);
-* :mod:`~tl_geometry.core.checks` — run-time shape checks and integer tests.
+* :mod:`~tl_geometry.core.checks` — run-time shape checks, integer tests and the rows' checks;
+* :mod:`~tl_geometry.core.layouts` — which keys a row is measured over: query positions and
+  TransformerLens' layouts (``layout="tl"``).
 """
 
 from tl_geometry.core.query_engine import separability_queries
@@ -18,9 +20,10 @@ from tl_geometry.core.separability import (
     precision_recall_at_radius,
     separability,
 )
-from tl_geometry.core.sizes import log_spaced_ns, resolve_ns
+from tl_geometry.core.sizes import DEFAULT_NS, log_spaced_ns, resolve_ns
 
 __all__ = [
+    "DEFAULT_NS",
     "PrecisionRecallAtRadius",
     "Separability",
     "log_spaced_ns",

@@ -12,8 +12,12 @@ import numbers
 from typing import Any, Callable, TypeVar
 
 import numpy as np
+import torch
 from beartype import beartype
 from jaxtyping import jaxtyped
+from torch import Tensor
+
+from tl_geometry.errors import InputError
 
 F = TypeVar("F", bound=Callable)
 
@@ -31,3 +35,24 @@ def is_integer(value: Any) -> bool:
     [True, True, False, False, False]
     """
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def check_row_inputs(weights: Tensor, values: Tensor) -> None:
+    """Raise :class:`InputError` for rows the definitions cannot be applied to."""
+    if weights.shape[-1] < 1:
+        raise InputError("attention rows must have at least one key (K >= 1), got K = 0")
+    if weights.numel() == 0:
+        raise InputError(
+            f"no attention rows to measure: weights of shape {tuple(weights.shape)} have an empty batch dimension"
+        )
+    if values.shape[-1] < 1:
+        raise InputError("value vectors must have at least one dimension (d_head >= 1), got d_head = 0")
+    if not bool(torch.isfinite(weights.abs().amax())):  # amax keeps NaN and inf; faster than isfinite().all()
+        raise InputError(
+            "attention weights contain NaN or inf: check the model's dtype (fp16 overflow) or "
+            "the pattern you passed; separability is undefined for non-finite weights"
+        )
+    if not bool(torch.isfinite(values.abs().amax())):
+        raise InputError("value vectors contain NaN or inf: check the model's dtype or the values you passed")
+    if bool((weights < 0).any()):
+        raise InputError("attention weights must be non-negative (softmax outputs); got a negative weight")

@@ -37,7 +37,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_geometry.core.checks import typechecked
+from tl_geometry.core.checks import check_row_inputs, typechecked
 from tl_geometry.core.metrics import COMPUTED_METRICS, METRICS, SeparabilityMetrics
 from tl_geometry.core.numerics import cosine_distance, local_errors, pow2, times_pow2
 from tl_geometry.core.rankings import (
@@ -51,8 +51,7 @@ from tl_geometry.core.rankings import (
     selection_order,
     uniform_scores,
 )
-from tl_geometry.core.separability import check_row_inputs
-from tl_geometry.core.sizes import NsLike, resolve_ns
+from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
 from tl_geometry.errors import InputError
 
 #: Cells (rows x keys x (sizes + d_head)) of one block. About 2 M cells (16 MiB per float64 tensor
@@ -96,7 +95,7 @@ def separability_queries(
     values: Float[Tensor, "batch key kv_head d"],
     query_positions: Sequence[int],
     kv_head_of: Int[Tensor, " head"],
-    ns: NsLike = "log",
+    ns: NsLike = DEFAULT_NS,
     *,
     rank_by: str = "attention",
     distance: str = "euclidean",

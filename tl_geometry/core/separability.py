@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Literal, overload
 
 import einops
 import torch
@@ -31,9 +32,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.core.budget import check_memory
-from tl_geometry.core.checks import typechecked
+from tl_geometry.core.checks import check_row_inputs, typechecked
+from tl_geometry.core.layouts import Layout, causal_rows, check_layout, tl_rows, values_per_head
 from tl_geometry.core.metrics import METRICS, SeparabilityMetrics
 from tl_geometry.core.numerics import local_errors, pow2, times_pow2
+from tl_geometry.core.query_engine import QueryRows, separability_queries
 from tl_geometry.core.rankings import (
     COSINE_EPS,
     DEFAULT_N_RANDOM,
@@ -47,7 +50,7 @@ from tl_geometry.core.rankings import (
     uniform_scores,
 )
 from tl_geometry.core.screening import balanced_block, decide
-from tl_geometry.core.sizes import NsLike, resolve_ns, sort_by_weight
+from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns, sort_by_weight
 from tl_geometry.errors import InputError
 
 #: Size in bytes of one block of the screen (rows x draws x sizes x keys, float32). About 8 MiB
@@ -83,34 +86,14 @@ class PrecisionRecallAtRadius:
     """``P(r, N)`` and ``R(r, N)`` of eq. 2-3 at given radii (definitions §2).
 
     ``precision`` and ``recall`` have shape ``[*batch, len(ns), n_radii]``; ``precision`` is NaN
-    where the closed ball ``B_r(s(N))`` holds no contribution at all.
+    where the closed ball ``B_r(s(N))`` holds no contribution at all. With ``layout="tl"``, ``ns`` is
+    ``[query, n]`` (each query's grid, padded with 0) and the rest ``[batch, head, query, n, r]``.
     """
 
-    ns: Int[Tensor, " n"]
+    ns: Int[Tensor, "*query n"]
     radii: Float[Tensor, "*batch n r"]
     precision: Float[Tensor, "*batch n r"]
     recall: Float[Tensor, "*batch n r"]
-
-
-def check_row_inputs(weights: Tensor, values: Tensor) -> None:
-    """Raise :class:`InputError` for rows the definitions cannot be applied to."""
-    if weights.shape[-1] < 1:
-        raise InputError("attention rows must have at least one key (K >= 1), got K = 0")
-    if weights.numel() == 0:
-        raise InputError(
-            f"no attention rows to measure: weights of shape {tuple(weights.shape)} have an empty batch dimension"
-        )
-    if values.shape[-1] < 1:
-        raise InputError("value vectors must have at least one dimension (d_head >= 1), got d_head = 0")
-    if not bool(torch.isfinite(weights.abs().amax())):  # amax keeps NaN and inf; faster than isfinite().all()
-        raise InputError(
-            "attention weights contain NaN or inf: check the model's dtype (fp16 overflow) or "
-            "the pattern you passed; separability is undefined for non-finite weights"
-        )
-    if not bool(torch.isfinite(values.abs().amax())):
-        raise InputError("value vectors contain NaN or inf: check the model's dtype or the values you passed")
-    if bool((weights < 0).any()):
-        raise InputError("attention weights must be non-negative (softmax outputs); got a negative weight")
 
 
 def _check_row_keys(row_keys: Tensor | None, batch: tuple[int, ...]) -> None:
@@ -124,12 +107,49 @@ def _check_row_keys(row_keys: Tensor | None, batch: tuple[int, ...]) -> None:
         )
 
 
-@typechecked
+@overload
 def separability(
-    weights: Float[Tensor, "*batch k"],
-    values: Float[Tensor, "*batch k d"],
-    ns: NsLike = None,
+    weights: Tensor,
+    values: Tensor,
+    ns: NsLike = ...,
     *,
+    query_positions: Any = ...,
+    layout: Literal["rows"] = ...,
+    rank_by: str = ...,
+    distance: str = ...,
+    n_random: int = ...,
+    seed: int = ...,
+    row_keys: Tensor | None = ...,
+    dtype: torch.dtype = ...,
+    block_bytes: int = ...,
+) -> Separability: ...
+
+
+@overload
+def separability(
+    weights: Tensor,
+    values: Tensor,
+    ns: NsLike = ...,
+    *,
+    query_positions: Any = ...,
+    layout: Literal["tl"],
+    rank_by: str = ...,
+    distance: str = ...,
+    n_random: int = ...,
+    seed: int = ...,
+    row_keys: Tensor | None = ...,
+    dtype: torch.dtype = ...,
+    block_bytes: int = ...,
+) -> QueryRows: ...
+
+
+def separability(
+    weights: Tensor,
+    values: Tensor,
+    ns: NsLike = DEFAULT_NS,
+    *,
+    query_positions: Any = None,
+    layout: Layout = "rows",
     rank_by: str = "attention",
     distance: str = "euclidean",
     n_random: int = DEFAULT_N_RANDOM,
@@ -137,20 +157,36 @@ def separability(
     row_keys: Tensor | None = None,
     dtype: torch.dtype = torch.float64,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
-) -> Separability:
+) -> Separability | QueryRows:
     """Precision, Recall, radii, F-scores and local output errors of top-N selection (definitions §2, §7).
 
     Parameters
     ----------
-    weights : Tensor of shape [*batch, K]
+    weights : Tensor of shape [*batch, K], or [batch, head, query, key] with ``layout="tl"``
         Attention weights ``alpha_i`` of each row over its ``K`` keys (non-negative; they need
-        not sum to one). Any leading batch dimensions (sequence, head, query...).
-    values : Tensor of shape [*batch, K, d]
+        not sum to one). Any leading batch dimensions (sequence, head...). With
+        ``layout="tl"``: ``hook_pattern``, whole or some of its query rows.
+    values : Tensor of shape [*batch, K, d], or [batch, pos, kv_head, d_head] with ``layout="tl"``
         Value vectors ``v_i`` of the same keys, already mapped to the query head's key/value
-        head (definitions §1).
-    ns : None, "all", "log", sequence of int or 1-D int tensor, default None
-        Selection sizes ``N``; ``None`` means every ``N`` from 1 to ``K``. See
-        :func:`tl_geometry.core.sizes.resolve_ns`.
+        head (definitions §1). With ``layout="tl"``: ``hook_v``, one head per key/value head;
+        query head ``h`` reads ``h // (n_heads // n_kv_heads)``, as TransformerLens groups them.
+    ns : None, "all", "log", sequence of int or 1-D int tensor, default "log"
+        Selection sizes ``N``: ``"log"`` (:data:`~tl_geometry.core.sizes.DEFAULT_NS`, as
+        ``analyze``) is the log-spaced grid, ``None`` or ``"all"`` every ``N`` from 1 to ``K``.
+        See :func:`tl_geometry.core.sizes.resolve_ns`.
+    query_positions : int, "last", "all", list of int or range, optional
+        Where each row's query is; a query at ``q`` sees the keys ``0..q`` only.
+        ``layout="rows"``: one position for every row (an int; negative counts from ``K``), the
+        rows are cut to keys ``0..q``. Not given, a row of more than one key whose last weight is
+        exactly 0 raises :class:`InputError`: it looks like the full row of an earlier query, whose
+        future keys weigh 0, and measuring them would count them as unselected tokens (if those
+        zeros are real weights, pass ``-1``). ``layout="tl"`` (required): the positions to
+        measure in the whole pattern (``"last"``, ``"all"``, a list), or the position of each of
+        the pattern's query rows; each row is cut to its own keys.
+    layout : "rows" or "tl", default "rows"
+        ``"rows"``: ``weights [*batch, K]`` and ``values [*batch, K, d]``. ``"tl"``:
+        TransformerLens' ``hook_pattern`` and ``hook_v`` as ``run_with_cache`` gives them
+        (:mod:`tl_geometry.core.layouts`).
     rank_by : "attention", "contribution", "random" or "sink_window", default "attention"
         The order that defines ``I_N`` (:mod:`tl_geometry.core.rankings`). ``"random"`` is the control:
         ``n_random`` uniform permutations per row, nested sets within each, each set measured
@@ -161,7 +197,7 @@ def separability(
         Draws per row for ``rank_by="random"`` (checked always, used only there).
     seed : int, default 0
         Seed of the random draws.
-    row_keys : int tensor [*batch], optional
+    row_keys : int tensor [*batch] ([batch, head, query] with ``layout="tl"``), optional
         One key per row (:func:`tl_geometry.core.rankings.row_keys`) so that a row's draws do not depend
         on its batch; default: the row's index in the flattened batch.
     dtype : torch.dtype, default torch.float64
@@ -173,9 +209,13 @@ def separability(
 
     Returns
     -------
-    Separability
-        ``ns`` ([n]) and ``precision, recall, r_min, r_max, f_at_rmax, f_at_rmin, retained_mass,
-        local_error_del, local_error_ren`` ([*batch, n]), on the device of ``weights``.
+    Separability or QueryRows
+        ``layout="rows"``: a :class:`Separability`, ``ns`` ([n]) and ``precision, recall, r_min, r_max,
+        f_at_rmax, f_at_rmin, retained_mass, local_error_del, local_error_ren`` ([*batch, n]), on
+        the device of ``weights``. ``layout="tl"``: a
+        :class:`~tl_geometry.core.query_engine.QueryRows`, the same metrics ``[batch, head, query, n]``
+        for each query's own grid ``ns`` ([query, n], padded with 0 and NaN where ``valid`` is
+        false): the rows ``tlg.analyze`` gives.
 
     Notes
     -----
@@ -197,7 +237,69 @@ def separability(
     >>> ctrl = separability(w, v, [1, 2], rank_by="random", n_random=4, seed=0)
     >>> ctrl.n_draws, ctrl.precision.shape
     (4, torch.Size([2]))
+
+    From a TransformerLens cache (``tl_geometry.testing`` has tiny random models):
+
+    >>> from tl_geometry.testing import tiny_llama_bridge
+    >>> model = tiny_llama_bridge()   # grouped-query: 4 heads, 2 key/value heads
+    >>> _, cache = model.run_with_cache(torch.randint(3, 200, (1, 12)))
+    >>> rows = separability(cache["pattern", 1], cache["v", 1], layout="tl", query_positions=[5, 11])
+    >>> rows.precision.shape, rows.ns[0].tolist()   # [batch, head, query, n]; N <= 6 at query 5
+    (torch.Size([1, 4, 2, 11]), [1, 2, 3, 4, 5, 6, 0, 0, 0, 0, 0])
+    >>> v = cache["v", 1][:, :, [0, 0, 1, 1]].transpose(1, 2)   # [batch, head, pos, d] per query head
+    >>> separability(cache["pattern", 1][:, :, 5], v)   # query 5's full row: keys 6..11 are future
+    Traceback (most recent call last):
+    ...
+    tl_geometry.errors.InputError: 4 of 4 attention rows end in keys of weight exactly 0, ...
+    >>> cut = separability(cache["pattern", 1][:, :, 5], v, query_positions=5)
+    >>> torch.equal(cut.precision, rows.precision[:, :, 0, :6])
+    True
     """
+    if check_layout(layout) == "tl":
+        pattern, hook_v, positions, kv_head_of = tl_rows(weights, values, query_positions)
+        return separability_queries(
+            pattern,
+            hook_v,
+            positions,
+            kv_head_of,
+            ns,
+            rank_by=rank_by,
+            distance=distance,
+            n_random=n_random,
+            seed=seed,
+            row_keys=row_keys,
+            dtype=dtype,
+        )
+    weights, values = causal_rows(weights, values, query_positions)
+    return separability_of_rows(
+        weights,
+        values,
+        ns,
+        rank_by=rank_by,
+        distance=distance,
+        n_random=n_random,
+        seed=seed,
+        row_keys=row_keys,
+        dtype=dtype,
+        block_bytes=block_bytes,
+    )
+
+
+@typechecked
+def separability_of_rows(
+    weights: Float[Tensor, "*batch k"],
+    values: Float[Tensor, "*batch k d"],
+    ns: NsLike = DEFAULT_NS,
+    *,
+    rank_by: str = "attention",
+    distance: str = "euclidean",
+    n_random: int = DEFAULT_N_RANDOM,
+    seed: int = 0,
+    row_keys: Tensor | None = None,
+    dtype: torch.dtype = torch.float64,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+) -> Separability:
+    """:func:`separability` of rows ``weights [*batch, K]``, ``values [*batch, K, d]`` measured over every key."""
     rank_by, distance = check_rank_by(rank_by), check_distance(distance)
     n_random, seed = check_n_random(n_random), check_seed(seed)
     check_row_inputs(weights, values)
@@ -319,13 +421,14 @@ def _local_columns(
     return mass, *local_errors(z, centers, mass)
 
 
-@typechecked
 def precision_recall_at_radius(
-    weights: Float[Tensor, "*batch k"],
-    values: Float[Tensor, "*batch k d"],
-    radii: Float[Tensor, " r"] | Float[Tensor, "*batch n r"],
-    ns: NsLike = None,
+    weights: Tensor,
+    values: Tensor,
+    radii: Tensor,
+    ns: NsLike = DEFAULT_NS,
     *,
+    query_positions: Any = None,
+    layout: Layout = "rows",
     dtype: torch.dtype = torch.float64,
     max_block_bytes: int = 64 << 20,
 ) -> PrecisionRecallAtRadius:
@@ -337,14 +440,17 @@ def precision_recall_at_radius(
 
     Parameters
     ----------
-    weights : Tensor of shape [*batch, K]
-        Attention weights of each row.
-    values : Tensor of shape [*batch, K, d]
-        Value vectors of the same keys.
+    weights : Tensor of shape [*batch, K], or [batch, head, query, key] with ``layout="tl"``
+        Attention weights of each row (as for :func:`separability`).
+    values : Tensor of shape [*batch, K, d], or [batch, pos, kv_head, d_head] with ``layout="tl"``
+        Value vectors of the same keys (as for :func:`separability`).
     radii : Tensor of shape [r] or [*batch, len(ns), r]
         Radii, either common to all rows and sizes, or one set per row and ``N`` (for instance a
-        sweep between each row's ``r_min`` and ``r_max`` from :func:`separability`).
-    ns : as in :func:`separability`, default None (every ``N``).
+        sweep between each row's ``r_min`` and ``r_max`` from :func:`separability`). With
+        ``layout="tl"``: [r] only.
+    ns : as in :func:`separability`, default "log".
+    query_positions, layout : as for :func:`separability` (a full row of an earlier query is cut
+        to its causal keys, or refused when its position is not given).
     dtype : torch.dtype, default torch.float64
     max_block_bytes : int, default 64 MiB
         Largest ``[rows, K, sizes, d]`` block of differences formed at once.
@@ -352,8 +458,53 @@ def precision_recall_at_radius(
     Returns
     -------
     PrecisionRecallAtRadius
-        ``precision`` and ``recall`` of shape [*batch, len(ns), r].
+        ``precision`` and ``recall`` of shape [*batch, len(ns), r]. With ``layout="tl"``:
+        ``[batch, head, query, n, r]`` over each query's own grid ``ns`` ([query, n], padded with 0
+        and NaN).
     """
+    if check_layout(layout) == "rows":
+        weights, values = causal_rows(weights, values, query_positions)
+        return radius_rows(weights, values, radii, ns, dtype=dtype, max_block_bytes=max_block_bytes)
+    pattern, hook_v, positions, kv_head_of = tl_rows(weights, values, query_positions)
+    if radii.ndim != 1:
+        raise InputError(
+            f"with layout='tl' the radii must be one list [r] for every row, got shape {tuple(radii.shape)}; "
+            "for radii per row and N, call once per query row with layout='rows'"
+        )
+    per_head = values_per_head(hook_v, kv_head_of)  # [b, h, L, d]
+    parts = [
+        radius_rows(
+            pattern[:, :, j, : q + 1], per_head[:, :, : q + 1], radii, ns, dtype=dtype, max_block_bytes=max_block_bytes
+        )
+        for j, q in enumerate(positions)
+    ]
+    width = max(part.ns.shape[0] for part in parts)
+    shape = (*pattern.shape[:2], len(positions), width, radii.shape[0])
+    out = {
+        name: torch.full(shape, torch.nan, dtype=dtype, device=pattern.device)
+        for name in ("radii", "precision", "recall")
+    }
+    ns_out = torch.zeros(len(positions), width, dtype=torch.int64, device=pattern.device)
+    for j, part in enumerate(parts):
+        g = part.ns.shape[0]
+        ns_out[j, :g] = part.ns
+        for name, x in out.items():
+            x[:, :, j, :g] = getattr(part, name)
+    return PrecisionRecallAtRadius(ns=ns_out, **out)
+
+
+@typechecked
+def radius_rows(
+    weights: Float[Tensor, "*batch k"],
+    values: Float[Tensor, "*batch k d"],
+    radii: Float[Tensor, " r"] | Float[Tensor, "*batch n r"],
+    ns: NsLike = DEFAULT_NS,
+    *,
+    dtype: torch.dtype = torch.float64,
+    max_block_bytes: int = 64 << 20,
+) -> PrecisionRecallAtRadius:
+    """:func:`precision_recall_at_radius` of rows ``weights [*batch, K]``, ``values [*batch, K, d]``
+    measured over every key."""
     check_row_inputs(weights, values)
     if radii.numel() and not bool((radii >= 0).all()):  # NaN fails too
         raise InputError("radii must be numbers >= 0 (a ball's radius is a distance), got a negative or NaN radius")

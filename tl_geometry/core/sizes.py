@@ -24,6 +24,11 @@ from tl_geometry.errors import InputError
 #: Checked by :func:`resolve_ns` (with messages that say what to do), not by the type checker.
 NsLike = Any
 
+#: The selection sizes every function that takes ``ns`` uses by default, ``analyze`` included: the
+#: log-spaced grid of :func:`log_spaced_ns` (every ``N <= 8``, then 4 per doubling, and ``N = K``).
+#: One default, so that a table made by hand and one made by ``analyze`` hold the same sizes.
+DEFAULT_NS = "log"
+
 
 def log_spaced_ns(n_keys: int, dense_below: int = 8, per_octave: int = 4) -> list[int]:
     """The default grid of selection sizes ``N`` for a row of ``n_keys`` keys.

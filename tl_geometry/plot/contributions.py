@@ -8,7 +8,8 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
-from tl_geometry.capture.hooks import LayerBatch, resolve_query_positions, run_streaming
+from tl_geometry.capture.hooks import LayerBatch, run_streaming
+from tl_geometry.core.layouts import resolve_query_positions
 from tl_geometry.errors import InputError
 from tl_geometry.models import describe_model
 from tl_geometry.plot.base import base_layout

@@ -17,10 +17,9 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_geometry.core.checks import typechecked
+from tl_geometry.core.checks import check_row_inputs, typechecked
 from tl_geometry.core.rankings import selection_order
-from tl_geometry.core.separability import check_row_inputs
-from tl_geometry.core.sizes import NsLike, resolve_ns
+from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
 
 #: Per-row scalar features (one value per row).
 SCALAR_FEATURES = ("c_sink", "c_last", "c_rest", "rho_0")
@@ -84,7 +83,7 @@ def sink_similarity(values: Float[Tensor, "*batch k d"]) -> Float[Tensor, "*batc
 def regime_features(
     weights: Float[Tensor, "*batch k"],
     values: Float[Tensor, "*batch k d"],
-    ns: NsLike = None,
+    ns: NsLike = DEFAULT_NS,
     *,
     dtype: torch.dtype = torch.float64,
 ) -> RegimeFeatures:
@@ -97,7 +96,7 @@ def regime_features(
         key ``0`` is the sink, key ``L`` the last token). Non-negative and finite.
     values : Tensor of shape [*batch, K, d]
         Value vectors of the same keys, already mapped to the query head's key/value head.
-    ns : None, "all", "log", sequence of int or 1-D int tensor, default None
+    ns : None, "all", "log", sequence of int or 1-D int tensor, default "log"
         Selection sizes (see :func:`tl_geometry.core.sizes.resolve_ns`); None is every ``N``.
     dtype : torch.dtype, default torch.float64
         Precision of the computation.

@@ -14,9 +14,10 @@ from typing import Any, Callable, Hashable, Mapping
 import pandas as pd
 import torch
 
-from tl_geometry.capture.hooks import LayerBatch, values_per_head
-from tl_geometry.core.separability import check_row_inputs
-from tl_geometry.core.sizes import NsLike, resolve_ns
+from tl_geometry.capture.hooks import LayerBatch
+from tl_geometry.core.checks import check_row_inputs
+from tl_geometry.core.layouts import values_per_head
+from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
 from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo
 from tl_geometry.taxonomy.accumulate import FeatureAccumulator
@@ -82,7 +83,7 @@ class TaxonomyObserver:
     def __init__(
         self,
         info: ModelInfo,
-        ns: NsLike = "log",
+        ns: NsLike = DEFAULT_NS,
         dtype: torch.dtype = torch.float64,
         parts: PartsLike = None,
     ) -> None:

@@ -9,9 +9,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from tl_geometry.core.checks import typechecked
-from tl_geometry.core.separability import check_row_inputs
-from tl_geometry.core.sizes import NsLike, resolve_ns
+from tl_geometry.core.checks import check_row_inputs, typechecked
+from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
 from tl_geometry.taxonomy.accumulate import FeatureAccumulator
 from tl_geometry.taxonomy.features import sink_similarity
 from tl_geometry.taxonomy.observer import accumulate_rows
@@ -21,7 +20,7 @@ from tl_geometry.taxonomy.observer import accumulate_rows
 def regime_feature_table(
     weights: Float[Tensor, "seq head k"],
     values: Float[Tensor, "seq head k d"],
-    ns: NsLike = None,
+    ns: NsLike = DEFAULT_NS,
     *,
     layer: int = 0,
     parts: Any = None,
@@ -38,7 +37,7 @@ def regime_feature_table(
     ----------
     weights : [seq, head, K] attention weights.
     values : [seq, head, K, d] value vectors.
-    ns : selection sizes (None: every ``N``).
+    ns : selection sizes, default "log" as ``analyze`` (None: every ``N``).
     layer : the ``layer`` column's value.
     parts : sequence of part labels, one per ``seq`` (optional): the table then merges all parts;
         use the accumulator directly for per-part tables.

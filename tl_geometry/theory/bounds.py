@@ -25,10 +25,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from tl_geometry.core.checks import typechecked
+from tl_geometry.core.checks import check_row_inputs, typechecked
 from tl_geometry.core.rankings import selection_order
-from tl_geometry.core.separability import check_row_inputs
-from tl_geometry.core.sizes import NsLike, resolve_ns
+from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
 from tl_geometry.errors import InputError
 from tl_geometry.theory.boundary_cosines import bucket_max_matrix, bucket_max_measured, rho_out_from_buckets
 
@@ -161,7 +160,7 @@ F_BOUND_FIELDS = ["f_at_rmax_lower", "f_at_rmax_upper", "f_at_rmin_lower", "f_at
 def bounds(
     weights: Float[Tensor, "*batch k"],
     values: Float[Tensor, "*batch k d"],
-    ns: NsLike = None,
+    ns: NsLike = DEFAULT_NS,
     kappa: float | int = 0.5,
     *,
     rho: RhoLike = "measured",
@@ -179,7 +178,7 @@ def bounds(
         Attention weights ``alpha_i`` of each row (non-negative), any leading batch dimensions.
     values : Tensor of shape [*batch, K, d]
         Value vectors of the same keys; ``d = values.shape[-1]`` is the theory's dimension.
-    ns : None, "all", "log", sequence of int or 1-D int tensor, default None
+    ns : None, "all", "log", sequence of int or 1-D int tensor, default "log"
         Selection sizes ``N`` (see :func:`tl_geometry.core.sizes.resolve_ns`); None = every N.
     kappa : float, default 0.5
         The paper's universal concentration constant ``kappa > 0`` (definitions §4).

@@ -24,7 +24,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from tl_geometry.core.rankings import selection_order
-from tl_geometry.core.sizes import NsLike, resolve_ns
+from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
 from tl_geometry.errors import InputError
 
 #: Segments of the profile a key can fall in.
@@ -165,14 +165,14 @@ def phase_boundaries(profile: PiecewiseProfile) -> tuple[int, int, int]:
     return m1, m2, m3
 
 
-def size_phases(profile: PiecewiseProfile, ns: NsLike = None) -> pd.DataFrame:
+def size_phases(profile: PiecewiseProfile, ns: NsLike = DEFAULT_NS) -> pd.DataFrame:
     """Label every ``N`` with its phase (Table 2) and count the segments ``I_N`` draws from.
 
     Parameters
     ----------
     profile : PiecewiseProfile
         The fitted profile (use :meth:`PiecewiseProfile.from_params` on a fit result).
-    ns : selection sizes (see :func:`tl_geometry.core.sizes.resolve_ns`), default every ``N``.
+    ns : selection sizes (see :func:`tl_geometry.core.sizes.resolve_ns`), default ``"log"``.
 
     Returns
     -------
