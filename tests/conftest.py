@@ -31,6 +31,7 @@ SMOLLM2_TESTS = {
     "test_demo_notebook.py": "executes demos/tour.ipynb on the real model",
     "intervention/test_intervention_smollm2.py": "the intervention against the hand-built transformers restriction",
     "pipeline/test_distributed.py::test_torchrun_smollm2_equals_one_process": "torchrun on the real model",
+    "pipeline/test_analyze_cache_smollm2.py": "analyze_cache against analyze on the real model",
 }
 #: Tests that take more than a few seconds (subprocesses, torchrun, a browser, the real model).
 SLOW_TESTS = {

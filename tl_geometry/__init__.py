@@ -34,6 +34,7 @@ from tl_geometry.intervention import (
 )
 from tl_geometry.models import ModelInfo, describe_model, load_model
 from tl_geometry.pipeline.analysis import analyze
+from tl_geometry.pipeline.cache import analyze_cache
 from tl_geometry.pipeline.result import AnalysisResult, load_result
 from tl_geometry.pipeline.settings import AnalysisSettings
 from tl_geometry.taxonomy import classify_heads, head_types, join_heads, regime_clusters, regime_function
@@ -82,6 +83,7 @@ __all__ = [
     "corpus_tokens",
     # the analysis
     "analyze",
+    "analyze_cache",
     "AnalysisSettings",
     "AnalysisResult",
     "load_result",

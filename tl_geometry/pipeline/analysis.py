@@ -10,7 +10,6 @@ model, windows and settings resumes where an interrupted one stopped.
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -18,14 +17,14 @@ import torch
 from torch import Tensor
 
 from tl_geometry.corpus import Corpus, TokenCorpus
-from tl_geometry.errors import InputError
 from tl_geometry.pipeline.loop import run_analysis
 from tl_geometry.pipeline.plan import place_model, plan_analysis
 from tl_geometry.pipeline.result import AnalysisResult
 from tl_geometry.pipeline.settings import (
     AnalysisSettings,
+    combine_settings,
     fill_settings_doc,
-    settings_parameters_signature,
+    signature_with_settings,
 )
 
 
@@ -69,28 +68,11 @@ def analyze(
     -------
     AnalysisResult
     """
-    if settings is None:
-        settings = AnalysisSettings()
-    elif not isinstance(settings, AnalysisSettings):
-        raise InputError(
-            f"settings must be an AnalysisSettings, got {type(settings).__name__}: give the settings as "
-            "keywords (analyze(model, corpus, ns=...)) or as AnalysisSettings(...)"
-        )
-    if overrides:
-        settings = settings.replace(**overrides)
+    settings = combine_settings(settings, overrides, "analyze(model, corpus, ns=...)")
     model = place_model(model, device)
     plan = plan_analysis(model, corpus, settings)
     return run_analysis(plan, out_dir=out_dir, resume=resume, progress=progress)
 
 
-def _signature() -> inspect.Signature:
-    """``analyze``'s signature with every setting as a keyword and its default, for ``help`` and IDEs."""
-    signature = inspect.signature(analyze, eval_str=True)
-    own = list(signature.parameters.values())
-    positional = [p for p in own if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
-    keywords = [p for p in own if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    return signature.replace(parameters=[*positional, *settings_parameters_signature(), *keywords])
-
-
 analyze.__doc__ = fill_settings_doc(analyze.__doc__)
-analyze.__signature__ = _signature()  # type: ignore[attr-defined]
+analyze.__signature__ = signature_with_settings(analyze)  # type: ignore[attr-defined]

@@ -12,12 +12,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pandas as pd
 import torch
+from torch import Tensor
 from tqdm.auto import tqdm
 
+from tl_geometry.capture.cached import run_cached
 from tl_geometry.capture.hooks import run_streaming
 from tl_geometry.capture.observers import Observer, RowObserver, SeparabilityObserver
 from tl_geometry.capture.tables import KEY_COLUMNS, REFERENCE_RANKING, empty_table
@@ -49,7 +51,7 @@ def run_analysis(
     if store is not None:
         wiring.load_states(store.states)
     done = store.done_seqs() if store is not None else set()
-    mine = range(plan.tokens.shape[0]) if windows is None else sorted(set(int(i) for i in windows))
+    mine = range(plan.n_seqs) if windows is None else sorted(set(int(i) for i in windows))
     todo = [i for i in mine if i not in done]
     start = time.perf_counter()
     try:
@@ -119,7 +121,7 @@ class Wiring:
 def run_batches(
     plan: AnalysisPlan, wiring: Wiring, store: RunStore | None, todo: list[int], progress: bool, initial: int
 ) -> tuple[list[pd.DataFrame], float]:
-    """Forward passes over the windows ``todo`` in batches; each batch's rows are saved to ``store``
+    """Forward passes (or reads of the cache) over the windows ``todo`` in batches; each batch's rows are saved to ``store``
     (with the accumulators' states) or kept. Returns the kept tables and the seconds spent observing."""
     kept: list[pd.DataFrame] = []
     spent: list[float] = []  # seconds inside the observers, per layer
@@ -127,9 +129,7 @@ def run_batches(
     try:
         for b0 in range(0, len(todo), plan.settings.batch_size):
             ids = torch.tensor(todo[b0 : b0 + plan.settings.batch_size], dtype=torch.int64)
-            run_streaming(
-                plan.model, plan.info, plan.tokens[ids], ids, plan.layers, plan.queries, wiring.all(), spent.append
-            )
+            feed(plan, ids, wiring.all(), spent.append)
             table = wiring.take_rows()
             if store is not None:
                 store.write(ids.tolist(), table, wiring.states())
@@ -139,6 +139,20 @@ def run_batches(
     finally:
         bar.close()
     return kept, sum(spent)
+
+
+def feed(
+    plan: AnalysisPlan, ids: Tensor, observers: Sequence[Observer], on_layer_time: Callable[[float], None]
+) -> None:
+    """Hand the observers every layer of the windows ``ids``: from a forward pass
+    (:func:`~tl_geometry.capture.hooks.run_streaming`) or from the plan's cache
+    (:func:`~tl_geometry.capture.cached.run_cached`)."""
+    if plan.cached is not None:
+        run_cached(plan.cached, plan.info, ids, plan.layers, plan.queries, observers, on_layer_time)
+        return
+    if plan.tokens is None:
+        raise ValueError("an AnalysisPlan needs tokens or cached activations")
+    run_streaming(plan.model, plan.info, plan.tokens[ids], ids, plan.layers, plan.queries, observers, on_layer_time)
 
 
 def assemble(plan: AnalysisPlan, wiring: Wiring, table: pd.DataFrame | RowsOnDisk, timings: dict) -> AnalysisResult:

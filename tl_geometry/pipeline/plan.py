@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tl_geometry.capture.cached import CachedActivations
 from tl_geometry.capture.hooks import model_device
 from tl_geometry.core.budget import check_memory
 from tl_geometry.core.separability import ORDER_BYTES_PER_KEY
@@ -54,26 +55,44 @@ class AnalysisPlan:
     info : its :class:`ModelInfo`.
     settings : the :class:`~tl_geometry.pipeline.settings.AnalysisSettings`.
     corpus_name : the corpus's name (recorded in ``config``).
-    tokens : int64 tensor [n_seqs, seq_len], the windows.
+    tokens : int64 tensor [n_seqs, seq_len], the windows (None for a cache given without them).
     layers : the layers to analyse, sorted.
     queries : the query positions, sorted, non-negative.
+    cached : the activations to read instead of running the model (:func:`tl_geometry.analyze_cache`).
     """
 
     model: Any
     info: ModelInfo
     settings: AnalysisSettings
     corpus_name: str
-    tokens: Tensor = field(repr=False)
+    tokens: Tensor | None = field(repr=False)
     layers: list[int]
     queries: tuple[int, ...]
+    cached: CachedActivations | None = field(default=None, repr=False)
+
+    @property
+    def n_seqs(self) -> int:
+        """The number of windows."""
+        return self.shape[0]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(number of windows, window length)."""
+        if self.tokens is not None:
+            return int(self.tokens.shape[0]), int(self.tokens.shape[1])
+        if self.cached is None:
+            raise ValueError("an AnalysisPlan needs tokens or cached activations")
+        return self.cached.shape(self.layers[0])
 
     def config(self) -> dict:
         """``AnalysisResult.config``: corpus, geometry of the windows and the settings as used."""
         s = self.settings
+        source = {"source": "ActivationCache", "tokens": self.tokens is not None} if self.cached is not None else {}
         return {
+            **source,
             "corpus": self.corpus_name,
-            "n_seqs": int(self.tokens.shape[0]),
-            "seq_len": int(self.tokens.shape[1]),
+            "n_seqs": self.shape[0],
+            "seq_len": self.shape[1],
             "ns": s.ns if isinstance(s.ns, str) else list(s.ns),
             "query_positions": list(self.queries),
             "layers": list(self.layers),
@@ -89,6 +108,8 @@ class AnalysisPlan:
 
     def identity(self) -> dict[str, Any]:
         """What a saved run must share to be resumed (see :func:`tl_geometry.io.store.run_identity`)."""
+        if self.tokens is None:
+            raise ValueError("a run from a cache is not saved as it goes: it has no identity to resume")
         return run_identity(self.model, self.info, self.tokens, self.settings.identity())
 
 

@@ -57,8 +57,9 @@ class AnalysisResult:
         The model's geometry (layers, heads, key/value heads, ``d_head``, BOS...).
     config : dict
         Corpus, window length, query positions, selection sizes and dtype used.
-    tokens : Tensor [n_seqs, seq_len]
-        The token windows analysed (row ``seq`` of the tables is row ``seq`` here).
+    tokens : Tensor [n_seqs, seq_len] or None
+        The token windows analysed (row ``seq`` of the tables is row ``seq`` here); None for
+        :func:`~tl_geometry.pipeline.cache.analyze_cache` given no tokens.
     timings : dict
         ``total_s`` (wall time), ``analysis_s`` (time inside the hooks' computations) and
         ``forward_s`` (the rest: the model's forward passes and bookkeeping).
@@ -74,7 +75,7 @@ class AnalysisResult:
     rows: pd.DataFrame | RowsOnDisk = field(repr=False)
     model: ModelInfo
     config: dict
-    tokens: Tensor = field(repr=False)
+    tokens: Tensor | None = field(repr=False)
     timings: dict = field(default_factory=dict)
     value_norms: pd.DataFrame | None = field(default=None, repr=False)
     similarity: pd.DataFrame | None = field(default=None, repr=False)
@@ -155,7 +156,7 @@ class AnalysisResult:
         return {"separability": self.separability, **{k: v for k, v in tables.items() if v is not None}}
 
     def save(self, directory: str | Path) -> Path:
-        """Write every table as ``NAME.parquet``, the windows as ``tokens.npy`` and the rest as
+        """Write every table as ``NAME.parquet``, the windows (if known) as ``tokens.npy`` and the rest as
         ``result.json`` (with the format version) into ``directory`` (created if needed);
         :func:`load_result` reads it back. ``result.json`` is written last."""
         out = Path(directory)
@@ -167,7 +168,9 @@ class AnalysisResult:
                 write_atomic(out / f"{name}.parquet", functools.partial(shutil.copyfile, table.path))
             elif isinstance(table, pd.DataFrame):
                 write_atomic(out / f"{name}.parquet", functools.partial(table.to_parquet, index=False))
-        write_atomic(out / "tokens.npy", lambda p: np.save(p.open("wb"), self.tokens.cpu().numpy()))
+        tokens = self.tokens
+        if tokens is not None:
+            write_atomic(out / "tokens.npy", lambda p: np.save(p.open("wb"), tokens.cpu().numpy()))
         meta = {"format": RESULT_FORMAT, "model": asdict(self.model), "config": self.config, "timings": self.timings}
         write_json_atomic(out / "result.json", meta)
         return out
@@ -178,7 +181,8 @@ class AnalysisResult:
             (s.n_layers, s.n_rows) if isinstance(s, RowsOnDisk) else (s.layer.nunique() if len(s) else 0, len(s))
         )
         return (
-            f"AnalysisResult(model={self.model.name!r}, seqs={self.tokens.shape[0]}, seq_len={self.tokens.shape[1]}, "
+            f"AnalysisResult(model={self.model.name!r}, seqs={self.config.get('n_seqs')}, "
+            f"seq_len={self.config.get('seq_len')}, "
             f"layers={layers}, heads={self.model.n_heads}, rows={n_rows})"
         )
 
@@ -201,7 +205,9 @@ def load_result(directory: str | Path) -> AnalysisResult:
         model=ModelInfo(**meta["model"]),
         config=meta["config"],
         timings=meta.get("timings", {}),
-        tokens=torch.from_numpy(_read_saved(src / "tokens.npy", np.load)),
+        tokens=torch.from_numpy(_read_saved(src / "tokens.npy", np.load))
+        if meta["config"].get("tokens", True)
+        else None,
         **{name: _read_saved(path, pd.read_parquet) for name, path in tables.items() if path.is_file()},
     )
 

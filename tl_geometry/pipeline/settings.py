@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping, get_type_hints
 
 import torch
 
-from tl_geometry.capture.hooks import resolve_query_positions
+from tl_geometry.core.layouts import resolve_query_positions
 from tl_geometry.core.rankings import (
     DEFAULT_N_RANDOM,
     DISTANCES,
@@ -41,7 +41,7 @@ from tl_geometry.core.rankings import (
     check_rankings,
     check_seed,
 )
-from tl_geometry.core.sizes import resolve_ns
+from tl_geometry.core.sizes import DEFAULT_NS, resolve_ns
 from tl_geometry.errors import InputError
 from tl_geometry.io.store import describe_differences
 from tl_geometry.pipeline.setting_checks import (
@@ -177,7 +177,7 @@ class AnalysisSettings:
     QUERY_WORDS = QUERY_WORDS
 
     ns: Any = field(
-        default="log",
+        default=DEFAULT_NS,
         metadata=setting(
             check_ns,
             encode_ints,
@@ -427,6 +427,22 @@ def check_names(overrides: Mapping[str, Any]) -> None:
         raise InputError(f"unknown analysis setting(s) {unknown}; the settings are {known}")
 
 
+def combine_settings(settings: Any, overrides: Mapping[str, Any], call: str) -> AnalysisSettings:
+    """``settings`` (default ``AnalysisSettings()``) with the keywords ``overrides`` replaced and checked.
+
+    ``call`` shows how the keywords are given (``"analyze(model, corpus, ns=...)"``) in the error
+    raised when ``settings`` is not an :class:`AnalysisSettings`.
+    """
+    if settings is None:
+        settings = AnalysisSettings()
+    elif not isinstance(settings, AnalysisSettings):
+        raise InputError(
+            f"settings must be an AnalysisSettings, got {type(settings).__name__}: give the settings as "
+            f"keywords ({call}) or as AnalysisSettings(...)"
+        )
+    return settings.replace(**overrides) if overrides else settings
+
+
 def cli_flag(f: Any) -> str | None:
     """The ``tl-geometry run`` option of the setting ``f`` (a dataclass field), or None if it has none."""
     form = f.metadata["cli"]
@@ -498,6 +514,16 @@ def settings_parameters_signature() -> list[inspect.Parameter]:
     ]
 
 
+def signature_with_settings(fn: Callable) -> inspect.Signature:
+    """``fn``'s signature with every setting as a keyword and its default (in place of ``**overrides``),
+    for ``help`` and IDEs."""
+    signature = inspect.signature(fn, eval_str=True)
+    own = list(signature.parameters.values())
+    positional = [p for p in own if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    keywords = [p for p in own if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    return signature.replace(parameters=[*positional, *settings_parameters_signature(), *keywords])
+
+
 #: The settings ``tl-geometry run`` starts from: its options' defaults. ``analyze`` defaults to the
 #: cheapest measurement (attention alone), for notebooks that ask for more; the command line runs
 #: the full study in one go because its report shows all of it: the random control next to
@@ -511,10 +537,12 @@ __all__ = [
     "CLI_PRESET",
     "CliForm",
     "check_names",
+    "combine_settings",
     "cli_flag",
     "cli_text",
     "fill_settings_doc",
     "setting",
     "settings_parameters",
     "settings_parameters_signature",
+    "signature_with_settings",
 ]

@@ -180,7 +180,7 @@ def run_sharded(plan: Any, progress: Path, world: World, *, show_progress: bool 
     wiring = Wiring.build(plan)
     wiring.load_states(store.states)
     done = store.done_seqs()
-    todo = [i for i in shard_windows(plan.tokens.shape[0], world.rank, world.size) if i not in done]
+    todo = [i for i in shard_windows(plan.n_seqs, world.rank, world.size) if i not in done]
     _, analysis_s = run_batches(plan, wiring, store, todo, show_progress and world.is_main, initial=len(done))
     table = store.read(empty_table(wiring.columns()))
     total_s = time.perf_counter() - start

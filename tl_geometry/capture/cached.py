@@ -1,0 +1,132 @@
+"""Feed the observers from an ``ActivationCache`` instead of a forward pass.
+
+``model.run_with_cache(tokens)`` already holds, for every layer, ``hook_v``
+``[batch, pos, kv_head, d_head]`` and ``hook_pattern`` ``[batch, head, query, key]``: the two
+tensors :func:`tl_geometry.capture.hooks.run_streaming` keeps from its hooks. :func:`run_cached`
+hands the same :class:`~tl_geometry.capture.hooks.LayerBatch` es to the same observers, read from
+the cache: the values brought to one head per key/value head (:func:`~tl_geometry.capture.hooks.as_kv_values`)
+and the pattern's chosen query rows, whose keys after the query are cut by the observers.
+
+Examples
+--------
+>>> import torch
+>>> from tl_geometry.testing import tiny_llama_bridge
+>>> model = tiny_llama_bridge()
+>>> _, cache = model.run_with_cache(torch.randint(3, 200, (2, 10)), names_filter=lambda n: "blocks.0" in n)
+>>> CachedActivations.of(cache).check_layers([0, 1])
+Traceback (most recent call last):
+...
+tl_geometry.errors.InputError: the cache lacks ['blocks.1.attn.hook_v', 'blocks.1.attn.hook_pattern'] ...
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from tl_geometry.capture.hooks import LayerBatch, LayerObserver, as_kv_values
+from tl_geometry.errors import InputError
+from tl_geometry.models import ModelInfo, describe_model, hook_pattern_name, hook_v_name
+
+#: The ``names_filter`` that keeps what the analysis reads, for the error messages.
+NAMES_FILTER = 'names_filter=lambda name: name.endswith(("attn.hook_v", "attn.hook_pattern"))'
+
+
+@dataclass(frozen=True)
+class CachedActivations:
+    """An ``ActivationCache`` and its model, checked: what :func:`run_cached` reads.
+
+    Attributes
+    ----------
+    cache : the cache (a mapping from hook names to tensors).
+    model : the model that made it (``cache.model``).
+    has_batch_dim : False for a cache made with ``remove_batch_dim=True`` (one sequence).
+    """
+
+    cache: Mapping[str, Tensor]
+    model: Any
+    has_batch_dim: bool
+
+    @classmethod
+    def of(cls, cache: Any) -> "CachedActivations":
+        """Check that ``cache`` is an ``ActivationCache`` that knows its model."""
+        model = getattr(cache, "model", None)
+        if not hasattr(cache, "keys") or model is None:
+            raise InputError(
+                f"expected the ActivationCache of model.run_with_cache(tokens), got {type(cache).__name__}: "
+                "it carries the model (cache.model) whose geometry the analysis needs"
+            )
+        return cls(cache, model, bool(getattr(cache, "has_batch_dim", True)))
+
+    def info(self) -> ModelInfo:
+        """The model's :class:`ModelInfo`."""
+        return describe_model(self.model)
+
+    def check_layers(self, layers: Sequence[int]) -> None:
+        """Raise :class:`InputError` naming the hooks of ``layers`` the cache lacks, and the fix."""
+        names = set(self.cache.keys())
+        missing = [n for layer in layers for n in (hook_v_name(layer), hook_pattern_name(layer)) if n not in names]
+        if missing:
+            have = sorted({int(n.split(".")[1]) for n in names if n.endswith("attn.hook_pattern")})
+            raise InputError(
+                f"the cache lacks {missing[:4]}{' ...' if len(missing) > 4 else ''} (it has the patterns of layers "
+                f"{have}): analyse those layers only (layers={have}), or cache them with "
+                f"model.run_with_cache(tokens, {NAMES_FILTER})"
+            )
+
+    def layer(self, layer: int) -> tuple[Tensor, Tensor]:
+        """``hook_v`` ``[batch, pos, kv_head, d_head]`` and ``hook_pattern`` ``[batch, head, query, key]`` of ``layer``."""
+        values, pattern = self.cache[hook_v_name(layer)].detach(), self.cache[hook_pattern_name(layer)].detach()
+        if not self.has_batch_dim:
+            values, pattern = values[None], pattern[None]
+        return values, pattern
+
+    def shape(self, layer: int) -> tuple[int, int]:
+        """(number of sequences, sequence length) of the cache, from ``layer``'s pattern."""
+        _, pattern = self.layer(layer)
+        if pattern.ndim != 4 or pattern.shape[-1] != pattern.shape[-2]:
+            raise InputError(
+                f"{hook_pattern_name(layer)} has shape {tuple(pattern.shape)}; expected the whole pattern "
+                "[batch, head, pos, pos] of model.run_with_cache(tokens)"
+            )
+        return int(pattern.shape[0]), int(pattern.shape[-1])
+
+
+def run_cached(
+    cached: CachedActivations,
+    info: ModelInfo,
+    seq_ids: Int[Tensor, " batch"],
+    layers: Sequence[int],
+    query_positions: tuple[int, ...],
+    observers: Sequence[LayerObserver],
+    on_layer_time: Callable[[float], None] | None = None,
+) -> None:
+    """Feed every observer the layers of the sequences ``seq_ids`` of a cache, layer by layer.
+
+    The counterpart of :func:`tl_geometry.capture.hooks.run_streaming` (same arguments, the cache
+    in place of the model and its tokens): the observers receive the same :class:`LayerBatch` es.
+    """
+    q_index = torch.tensor(query_positions, dtype=torch.int64)
+    for layer in sorted(set(layers)):
+        start = time.perf_counter()
+        values, pattern = cached.layer(layer)
+        ids = seq_ids.to(values.device)
+        batch = LayerBatch(
+            layer=layer,
+            seq_ids=seq_ids,
+            query_positions=query_positions,
+            weights=pattern.index_select(0, ids.to(pattern.device)).index_select(2, q_index.to(pattern.device)),
+            values=as_kv_values(values.index_select(0, ids), info),
+        )
+        for obs in observers:
+            obs.observe(batch)
+        if on_layer_time is not None:
+            on_layer_time(time.perf_counter() - start)
+
+
+__all__ = ["NAMES_FILTER", "CachedActivations", "run_cached"]
