@@ -10,7 +10,8 @@ No model, no files: tensors in, tensors out. Everything above this layer builds 
 * :mod:`~tl_geometry.core.numerics` — the shared numerics (accumulator dtype, exact scaling, std);
 * :mod:`~tl_geometry.core.checks` — run-time shape checks, integer tests and the rows' checks;
 * :mod:`~tl_geometry.core.layouts` — which keys a row is measured over: query positions and
-  TransformerLens' layouts (``layout="tl"``).
+  TransformerLens' layouts (``layout="tl"``);
+* :mod:`~tl_geometry.core.threads` — torch's CPU threads during an analysis: the CPUs free now.
 """
 
 from tl_geometry.core.query_engine import separability_queries

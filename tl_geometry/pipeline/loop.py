@@ -20,9 +20,10 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from tl_geometry.capture.cached import run_cached
-from tl_geometry.capture.hooks import run_streaming
+from tl_geometry.capture.hooks import model_device, run_streaming
 from tl_geometry.capture.observers import Observer, RowObserver, SeparabilityObserver
 from tl_geometry.capture.tables import KEY_COLUMNS, REFERENCE_RANKING, empty_table
+from tl_geometry.core.threads import analysis_threads
 from tl_geometry.diagnostics import DiagnosticsObserver
 from tl_geometry.io.rows_on_disk import RowsOnDisk
 from tl_geometry.io.store import RunStore
@@ -122,14 +123,18 @@ def run_batches(
     plan: AnalysisPlan, wiring: Wiring, store: RunStore | None, todo: list[int], progress: bool, initial: int
 ) -> tuple[list[pd.DataFrame], float]:
     """Forward passes (or reads of the cache) over the windows ``todo`` in batches; each batch's rows are saved to ``store``
-    (with the accumulators' states) or kept. Returns the kept tables and the seconds spent observing."""
+    (with the accumulators' states) or kept. Returns the kept tables and the seconds spent observing.
+
+    Each batch runs on the CPUs free when it starts (:func:`tl_geometry.core.threads.analysis_threads`)."""
+    device = model_device(plan.model) if plan.model is not None else torch.device("cpu")
     kept: list[pd.DataFrame] = []
     spent: list[float] = []  # seconds inside the observers, per layer
     bar = tqdm(total=initial + len(todo), initial=initial, desc="sequences", unit="seq", disable=not progress)
     try:
         for b0 in range(0, len(todo), plan.settings.batch_size):
             ids = torch.tensor(todo[b0 : b0 + plan.settings.batch_size], dtype=torch.int64)
-            feed(plan, ids, wiring.all(), spent.append)
+            with analysis_threads(device):
+                feed(plan, ids, wiring.all(), spent.append)
             table = wiring.take_rows()
             if store is not None:
                 store.write(ids.tolist(), table, wiring.states())

@@ -1,0 +1,79 @@
+"""The thread count of an analysis: the CPUs free now, the user's choice first (core/threads.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tl_geometry.core import threads
+
+
+@pytest.fixture
+def no_thread_variables(monkeypatch):
+    for name in threads.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_free_threads_counts_the_idle_cpus():
+    four = [0, 1, 2, 3]
+    assert threads.free_threads(four, busy=0.0) == 4
+    assert threads.free_threads(four, busy=1.0) == 3
+    assert threads.free_threads(four, busy=2.6) == 1
+    assert threads.free_threads(four, busy=9.0) == 1  # never fewer than one
+    assert threads.free_threads([0], busy=0.0) == 1
+
+
+def test_busy_cpus_is_within_the_cpus():
+    cpus = threads.own_cpus()
+    busy = threads.busy_cpus(cpus, seconds=0.02)
+    assert 0.0 <= busy <= len(cpus) + 1e-9
+
+
+def test_analysis_threads_follows_the_free_cpus_and_restores(monkeypatch, no_thread_variables):
+    monkeypatch.setattr(threads, "busy_cpus", lambda cpus=None, seconds=0.0: float(len(cpus)))  # all taken
+    outer = torch.get_num_threads()
+    torch.set_num_threads(2)
+    monkeypatch.setattr(threads, "TORCH_DEFAULT_THREADS", 2)
+    try:
+        with threads.analysis_threads("cpu") as n:
+            assert n == 1
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(outer)
+
+
+def test_the_users_thread_count_wins(monkeypatch, no_thread_variables):
+    monkeypatch.setattr(threads, "busy_cpus", lambda cpus=None, seconds=0.0: float(len(cpus)))
+    before = torch.get_num_threads()
+    monkeypatch.setattr(threads, "TORCH_DEFAULT_THREADS", before + 1)  # as if set_num_threads was called
+    with threads.analysis_threads("cpu") as n:
+        assert n == before == torch.get_num_threads()
+    monkeypatch.setattr(threads, "TORCH_DEFAULT_THREADS", before)
+    monkeypatch.setenv("OMP_NUM_THREADS", str(before))
+    with threads.analysis_threads("cpu") as n:
+        assert n == before == torch.get_num_threads()
+
+
+def test_other_devices_are_left_alone(monkeypatch, no_thread_variables):
+    monkeypatch.setattr(threads, "busy_cpus", lambda cpus=None, seconds=0.0: float(len(cpus)))
+    monkeypatch.setattr(threads, "TORCH_DEFAULT_THREADS", torch.get_num_threads())
+    with threads.analysis_threads("meta") as n:
+        assert n == torch.get_num_threads()
+
+
+def _wait_policy(argv0: str) -> str:
+    code = f"import sys; sys.argv = [{argv0!r}]; import tl_geometry, os; print(os.environ.get('OMP_WAIT_POLICY'))"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+
+
+def test_the_command_line_asks_openmp_to_sleep_and_a_library_import_does_not():
+    assert _wait_policy("/usr/bin/tl-geometry").strip() == "PASSIVE"
+    assert _wait_policy("notebook").strip() == "None"

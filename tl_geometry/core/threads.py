@@ -1,0 +1,132 @@
+"""How many CPU threads torch uses during an analysis: the CPUs actually free, unless the user chose.
+
+torch's default is one intra-op thread per core. On a shared machine every operation is then split
+across cores that other processes are using, and each waits at a barrier for a thread that is not
+running: on 2 cores at a load of 4 the analysis ran 23 x slower than on one thread
+(docs/scaling.md, "On a busy machine"). :func:`analysis_threads` sets torch's intra-op threads, for the duration of a
+``with`` block, to the CPUs free right now::
+
+    free = round(len(os.sched_getaffinity(0)) - busy)       # at least 1
+
+where ``busy`` is the number of this process's CPUs that other work kept busy over the last 50 ms
+(``/proc/stat``; the 1-minute load average where that file does not exist). A user's choice wins:
+with ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` set, or ``torch.set_num_threads`` called after
+``import tl_geometry``, nothing is changed.
+
+Example::
+
+    with analysis_threads(torch.device("cpu")) as n:
+        ...  # torch runs on n intra-op threads here; the previous count is restored after
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+
+#: The environment variables with which a user fixes the thread count (then it is never changed).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+#: torch's intra-op thread count when this module was imported: the count a user has not changed.
+TORCH_DEFAULT_THREADS = torch.get_num_threads()
+
+#: How long :func:`busy_cpus` watches the CPUs.
+SAMPLE_SECONDS = 0.05
+
+
+def own_cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity; every CPU where the OS does not say)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def _cpu_times(cpus: list[int]) -> tuple[int, int] | None:
+    """(busy, total) jiffies of ``cpus`` from ``/proc/stat``, or None where it cannot be read."""
+    try:
+        with open("/proc/stat") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    wanted = {f"cpu{c}" for c in cpus}
+    busy = total = 0
+    for line in lines:
+        name, *fields = line.split()
+        if name in wanted:
+            ticks = [int(x) for x in fields[:8]]
+            idle = ticks[3] + ticks[4]  # idle, iowait
+            busy += sum(ticks) - idle
+            total += sum(ticks)
+    return (busy, total) if total else None
+
+
+def busy_cpus(cpus: list[int] | None = None, seconds: float = SAMPLE_SECONDS) -> float:
+    """How many of ``cpus`` (default :func:`own_cpus`) were busy over the next ``seconds``.
+
+    Measured while this process waits, so it is the work of other processes. Without
+    ``/proc/stat`` (not Linux) the 1-minute load average, capped at the number of CPUs.
+    """
+    cpus = own_cpus() if cpus is None else cpus
+    before = _cpu_times(cpus)
+    if before is None:
+        try:
+            return min(float(os.getloadavg()[0]), float(len(cpus)))
+        except OSError:  # no load average either (Windows)
+            return 0.0
+    time.sleep(seconds)
+    after = _cpu_times(cpus)
+    if after is None or after[1] <= before[1]:
+        return 0.0
+    return len(cpus) * (after[0] - before[0]) / (after[1] - before[1])
+
+
+def free_threads(cpus: list[int] | None = None, busy: float | None = None) -> int:
+    """The intra-op thread count for the CPUs free now: ``round(len(cpus) - busy)``, at least 1.
+
+    >>> free_threads(cpus=[0, 1], busy=0.2), free_threads(cpus=[0, 1], busy=0.9), free_threads(cpus=[0, 1], busy=4.0)
+    (2, 1, 1)
+    """
+    cpus = own_cpus() if cpus is None else cpus
+    busy = busy_cpus(cpus) if busy is None else busy
+    return max(1, min(len(cpus), round(len(cpus) - busy)))
+
+
+def user_chose_threads() -> bool:
+    """Whether the user fixed torch's thread count: an environment variable of :data:`THREAD_VARIABLES`,
+    or ``torch.set_num_threads`` called since this module was imported."""
+    return any(os.environ.get(v) for v in THREAD_VARIABLES) or torch.get_num_threads() != TORCH_DEFAULT_THREADS
+
+
+@contextmanager
+def analysis_threads(device: torch.device | str = "cpu") -> Iterator[int]:
+    """Run the ``with`` block on :func:`free_threads` intra-op threads (CPU work only); yields the count.
+
+    Leaves torch alone where the user chose (:func:`user_chose_threads`) and for other devices
+    (yields the current count). The previous count is restored on exit.
+    """
+    previous = torch.get_num_threads()
+    if torch.device(device).type != "cpu" or user_chose_threads():
+        yield previous
+        return
+    threads = free_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads(previous)
+
+
+__all__ = [
+    "SAMPLE_SECONDS",
+    "THREAD_VARIABLES",
+    "TORCH_DEFAULT_THREADS",
+    "analysis_threads",
+    "busy_cpus",
+    "free_threads",
+    "own_cpus",
+    "user_chose_threads",
+]
