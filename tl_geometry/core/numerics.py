@@ -61,7 +61,10 @@ def times_pow2(x: Tensor, exponents: Tensor) -> Tensor:
     >>> times_pow2(x, e).item() == 2.0**-1000, (x * pow2(e)).item()   # 2**-1100 itself underflows to 0
     (True, 0.0)
     """
-    if bool((exponents.abs() <= 1000).all()):
+    in_range = exponents.abs() <= 1000
+    if x.device.type != "cpu":  # both, chosen per element: no device sync to ask which
+        return torch.where(in_range, x * pow2(exponents), torch.ldexp(*torch.broadcast_tensors(x, exponents)))
+    if bool(in_range.all()):
         return x * pow2(exponents)
     return torch.ldexp(*torch.broadcast_tensors(x, exponents))
 
