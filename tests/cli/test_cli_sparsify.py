@@ -22,7 +22,7 @@ def tiny(monkeypatch):
 
 
 ARGS = ["sparsify", "--n-seqs", "2", "--seq-len", "12", "--ns", "1,4", "--rank-by", "attention,sink_window",
-        "--local", "head", "--local-n", "2", "--no-progress"]  # fmt: skip
+        "--local", "head", "--local-n", "2", "--no-progress", "--full"]  # fmt: skip
 
 
 def test_sparsify_writes_tables_and_report(tmp_path, tiny, capsys) -> None:
@@ -45,6 +45,19 @@ def test_sparsify_writes_tables_and_report(tmp_path, tiny, capsys) -> None:
     assert main([*ARGS, "--out", str(out), "--resume"]) == 0
     pd.testing.assert_frame_equal(pd.read_csv(out / "curve.csv"), curve)
     assert main([*ARGS, "--out", str(out), "--force"]) == 0
+
+
+def test_default_is_a_first_look_and_full_the_study(tmp_path, tiny) -> None:
+    args = ["sparsify", "--n-seqs", "2", "--seq-len", "12", "--ns", "1,4", "--no-progress", "--no-geometry"]
+    assert main([*args, "--out", str(tmp_path / "quick")]) == 0
+    rows = json.loads((tmp_path / "quick" / "curve.json").read_text())["rows"]
+    assert {(r["rank_by"], r["renormalize"]) for r in rows} == {("attention", False), ("random", False)}
+    assert not any(p.name.startswith("local") for p in (tmp_path / "quick").iterdir())  # no localised loss
+    assert main([*args, "--full", "--local-unit", "none", "--out", str(tmp_path / "full")]) == 0
+    rows = json.loads((tmp_path / "full" / "curve.json").read_text())["rows"]
+    assert {r["rank_by"] for r in rows} == {"attention", "contribution", "random", "sink_window"}
+    assert {r["renormalize"] for r in rows} == {False, True}
+    assert not any(p.name.startswith("local") for p in (tmp_path / "full").iterdir())  # the explicit option won
 
 
 @pytest.mark.parametrize(

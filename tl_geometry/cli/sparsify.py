@@ -2,9 +2,13 @@
 
 ::
 
-    tl-geometry sparsify --n-seqs 8 --seq-len 512 --out runs/sparsify
+    tl-geometry sparsify --n-seqs 2 --seq-len 128           # a first look: a minute or two on a laptop CPU
+    tl-geometry sparsify --n-seqs 8 --seq-len 512 --full    # the full study of the paper
 
-writes into ``--out``: ``curve.json`` (every point as it is measured; ``--resume`` continues from
+By default (:data:`QUICK`) the curve compares the attention ranking with the random control,
+deletion only, without the localised loss; ``--full`` (:data:`FULL`) adds the contribution and
+sink-window rankings, the renormalised curves and the localised loss per layer. An option given
+explicitly wins over either. The command writes into ``--out``: ``curve.json`` (every point as it is measured; ``--resume`` continues from
 it), ``curve.csv``, ``n_star.csv`` (``N*_tau`` per ranking and renormalisation, the sizes tried),
 ``local.csv`` (localised loss), ``geometry_vs_function.csv`` and ``index.html`` (figures (b), (c),
 (d), self-contained). Same conventions as ``tl-geometry run``: progress bars, ``--resume``,
@@ -36,18 +40,34 @@ from tl_geometry.errors import TLGeometryError
 
 CURVE_FILE = "curve.json"
 
+#: The defaults of a first look (about 30 forward passes for 2 x 128 tokens).
+QUICK = {"rank_by": "attention,random", "renormalize": "deletion", "local": "none"}
+#: The defaults of ``--full``: every ranking, both renormalisations, the localised loss per layer.
+FULL = {"rank_by": "attention,contribution,random,sink_window", "renormalize": "both", "local": "layer"}
+
 
 def add_parser(sub: Any) -> None:
     """The ``sparsify`` sub-command."""
     p = sub.add_parser("sparsify", help="restrict attention to the top-N keys: loss curve, N*, localised loss, report")
     add_source_options(p)
     p.add_argument("--ns", default="pow2", help="sizes N: 'pow2' (1, 2, 4, ..., seq-len; default) or a comma list")
-    p.add_argument("--rank-by", default="attention,contribution,random,sink_window", help="comma list of rankings")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="the full study: every ranking, both renormalisations and the localised loss per layer "
+        "(about 10 x the passes of the default first look)",
+    )
+    p.add_argument(
+        "--rank-by",
+        default=None,
+        help=f"comma list of rankings (default {QUICK['rank_by']}; with --full {FULL['rank_by']})",
+    )
     p.add_argument(
         "--renormalize",
-        default="both",
+        default=None,
         choices=("both", "deletion", "renormalize"),
-        help="deletion (kept weights unchanged), renormalize (kept weights / their sum) or both (default)",
+        help="deletion (kept weights unchanged), renormalize (kept weights / their sum) or both "
+        f"(default {QUICK['renormalize']}; with --full {FULL['renormalize']})",
     )
     p.add_argument("--tolerance", type=float, default=0.05, help="tau of N*_tau (default 0.05)")
     p.add_argument("--no-refine", action="store_true", help="N* over the grid only (no bisection passes)")
@@ -55,9 +75,10 @@ def add_parser(sub: Any) -> None:
         "--local-unit",
         "--local",
         dest="local",
-        default="layer",
+        default=None,
         choices=("layer", "head", "none"),
-        help="localised loss unit (default layer); under torchrun write --local-unit (torchrun reads --local as its own)",
+        help=f"localised loss unit (default {QUICK['local']}; with --full {FULL['local']}); under torchrun write "
+        "--local-unit (torchrun reads --local as its own)",
     )
     p.add_argument("--local-n", type=int, default=8, help="N of the localised loss (default 8)")
     p.add_argument(
@@ -75,6 +96,9 @@ def _options(args: argparse.Namespace) -> dict:
     from tl_geometry.intervention.context import check_n
     from tl_geometry.intervention.curve import check_tolerance
 
+    for name, value in (FULL if args.full else QUICK).items():  # an option given explicitly wins
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     check_window_options(args, "a target after the first token")
     ns = parse_ints(args.ns, "--ns", ("pow2",))
     if isinstance(ns, list) and (not ns or min(ns) < 1):
@@ -212,4 +236,4 @@ def _summary(curve: Any, n_star: Any, out: Path, page: Path) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["add_parser", "sparsify_command"]
+__all__ = ["FULL", "QUICK", "add_parser", "sparsify_command"]

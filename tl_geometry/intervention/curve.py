@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from tl_geometry.core.rankings import RANKINGS, check_rankings, check_seed
 from tl_geometry.corpus import as_corpus, corpus_tokens
@@ -296,6 +297,11 @@ def sparsification_curve(
         store.save()
     full = LossSum(**store.full)
 
+    grid = [(r, f, n) for r in rankings for f in flags for n in sizes]
+    todo = sum(1 for r, f, n in grid if n < seq_len and store.lookup(r, f, n) is None)
+    # one bar over the grid's forward passes: passes left and the time they will take
+    passes = tqdm(total=todo, desc="curve passes", unit="pass", disable=not progress or not todo)
+
     def measure(rank_by: str, renorm: bool, n: int, stage: str = "refine") -> dict:
         row = store.lookup(rank_by, renorm, n)
         if row is not None:
@@ -309,7 +315,13 @@ def sparsification_curve(
                     state.seq_ids = seq_ids
 
                 desc = f"{rank_by}{' renorm' if renorm else ''} N={n}"
-                loss = corpus_nll(model, tokens, batch_size, progress, desc=desc, before_batch=set_ids, **shard)
+                in_grid = stage == "grid"
+                if in_grid:
+                    passes.set_postfix_str(desc, refresh=False)
+                shown = progress and not in_grid  # a refinement pass (after the grid) shows its own bar
+                loss = corpus_nll(model, tokens, batch_size, shown, desc=desc, before_batch=set_ids, **shard)
+                if in_grid:
+                    passes.update()
         row = {
             "rank_by": rank_by,
             "renormalize": renorm,
@@ -324,7 +336,10 @@ def sparsification_curve(
         store.save()
         return row
 
-    rows = [measure(r, f, n, "grid") for r in rankings for f in flags for n in sizes]
+    try:
+        rows = [measure(r, f, n, "grid") for r, f, n in grid]
+    finally:
+        passes.close()
     table = pd.DataFrame(rows, columns=CURVE_COLUMNS)
     config = {**identity, "ns": sizes, "rank_by": list(rankings), "renormalize": list(flags), "batch_size": batch_size}
     return SparsificationCurve(table=table, nll_full=full.nll, config=config, _measure=measure)
