@@ -1,34 +1,32 @@
 """Steady under load: ``tl-geometry run``'s analysis / forward ratio on this machine as it is and with
 two busy processes started here, with the default threads and with one thread (issue 22).
 
-Each of the four runs is the real command line in a fresh process (``python -m tl_geometry run
-... --no-progress``), its timings read from its ``run.json``. The targets:
+One process, as ``tl-geometry run`` starts (``OMP_WAIT_POLICY=PASSIVE`` before torch loads), the
+model loaded once; then four analyses of the command line's default job (``CLI_PRESET``) over the
+same windows: as is / with ``--busy`` busy Python processes, each with torch's default threads
+(the package chooses) and with ``torch.set_num_threads(1)``. The targets:
 
-* loaded ratio <= 1.5 x quiet ratio (default threads);
-* the default never slower than ``OMP_NUM_THREADS=1`` under load (forward and analysis, 10 % slack
-  for noise).
+* loaded ratio <= 1.5 x the as-is ratio (default threads);
+* the default never slower than one thread under load (forward and analysis, 10 % slack for noise).
 
-"Quiet" is the machine as it is: on a shared machine it is not quiet, and the load averages printed
+"As is" is the machine as it is: on a shared machine it is not quiet, and the load averages printed
 beside each run say how busy it was.
 
-Run:  .venv/bin/python benchmarks/bench_load.py                     (2 x 512 tokens, about 5 minutes on 2 quiet cores)
+Run:  .venv/bin/python benchmarks/bench_load.py                     (2 x 512 tokens)
       .venv/bin/python benchmarks/bench_load.py --n-seqs 1 --seq-len 256 --device cuda
-      .venv/bin/python benchmarks/bench_load.py --source ../main-before           (the same job, another checkout)
+      PYTHONPATH=../before .venv/bin/python benchmarks/bench_load.py   (another checkout: a before/after)
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import multiprocessing
 import os
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the command line does, before torch loads
+
+import argparse  # noqa: E402
+import multiprocessing  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
 
 
 def spin() -> None:  # pragma: no cover - runs in a child process until terminated
@@ -36,37 +34,37 @@ def spin() -> None:  # pragma: no cover - runs in a child process until terminat
         pass
 
 
-def run_job(args: argparse.Namespace, one_thread: bool, out: Path) -> dict[str, float]:
-    """One ``tl-geometry run`` in a fresh process; its timings and the load averages around it."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    env["PYTHONPATH"] = os.pathsep.join([str(args.source), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.setdefault("HF_HUB_OFFLINE", "1")
+def run_job(model, tokens, settings, device: str, one_thread: bool) -> dict[str, float]:
+    """One analysis; its timings and the load averages around it."""
+    import torch
+
+    import tl_geometry as tlg
+
+    before_threads = torch.get_num_threads()
     if one_thread:
-        env["OMP_NUM_THREADS"] = "1"
-    command = [sys.executable, "-m", "tl_geometry", "run", "--model", args.model, "--n-seqs", str(args.n_seqs)]
-    command += ["--seq-len", str(args.seq_len), "--device", args.device, "--out", str(out), "--force"]
-    command += ["--no-progress"]
+        torch.set_num_threads(1)
     load_before = os.getloadavg()[0]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"tl-geometry run failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    timings = json.loads((out / "run.json").read_text())["timings"]
+    try:
+        result = tlg.analyze(model, tokens, settings, progress=False, device=device)
+    finally:
+        torch.set_num_threads(before_threads)
+    t = result.timings
     return {
-        "forward_s": timings["forward_s"],
-        "analysis_s": timings["analysis_s"],
-        "ratio": timings["analysis_s"] / timings["forward_s"],
+        "forward_s": t["forward_s"],
+        "analysis_s": t["analysis_s"],
+        "ratio": t["analysis_s"] / t["forward_s"],
         "load_before": load_before,
         "load_after": os.getloadavg()[0],
     }
 
 
-def measure(args: argparse.Namespace, label: str, work: Path) -> dict[str, dict[str, float]]:
+def measure(model, tokens, settings, device: str, label: str) -> dict[str, dict[str, float]]:
     rows = {}
     for threads, one in (("default", False), ("1 thread", True)):
-        r = run_job(args, one, work / f"{label}-{threads.replace(' ', '')}")
+        r = run_job(model, tokens, settings, device, one)
         rows[threads] = r
         print(
-            f"{label:7s} {threads:9s} forward {r['forward_s']:7.1f} s  analysis {r['analysis_s']:7.1f} s  "
+            f"{label:8s} {threads:9s} forward {r['forward_s']:7.1f} s  analysis {r['analysis_s']:7.1f} s  "
             f"ratio {r['ratio']:5.2f}  load average {r['load_before']:.1f} -> {r['load_after']:.1f}",
             flush=True,
         )
@@ -74,38 +72,40 @@ def measure(args: argparse.Namespace, label: str, work: Path) -> dict[str, dict[
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--n-seqs", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, ... (the busy loops use the CPU)")
-    parser.add_argument(
-        "--source",
-        type=Path,
-        default=REPO,
-        help="the checkout whose tl_geometry runs (default this one; another for a before/after)",
-    )
-    parser.add_argument("--busy", type=int, default=2, help="busy Python loops started for the loaded runs")
+    parser.add_argument("--busy", type=int, default=2, help="busy Python processes started for the loaded runs")
     args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    import tl_geometry as tlg
+    from tl_geometry.pipeline.settings import CLI_PRESET
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(
-        f"{args.source}: tl-geometry run --n-seqs {args.n_seqs} --seq-len {args.seq_len} --device {args.device}; "
-        f"{os.cpu_count()} cores, {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'} "
-        f"ours; load average {os.getloadavg()[0]:.1f}",
+        f"{tlg.__file__}: tl-geometry run's default job, {args.n_seqs} x {args.seq_len} tokens, {args.device}; "
+        f"{os.cpu_count()} cores ({cpus} ours), torch threads {torch.get_num_threads()}, "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
-    with tempfile.TemporaryDirectory(prefix="bench_load_") as tmp:
-        work = Path(tmp)
-        quiet = measure(args, "as is", work)
-        loops = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.busy)]
+    model = tlg.load_model(args.model, device=args.device)
+    tokens = tlg.corpus_tokens(model, tlg.corpus.python_docs(n_seqs=args.n_seqs, seq_len=args.seq_len))
+    settings = CLI_PRESET
+    quiet = measure(model, tokens, settings, args.device, "as is")
+    loops = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.busy)]
+    for p in loops:
+        p.start()
+    time.sleep(1.0)
+    try:
+        loaded = measure(model, tokens, settings, args.device, f"+{args.busy} busy")
+    finally:
         for p in loops:
-            p.start()
-        time.sleep(1.0)
-        try:
-            loaded = measure(args, f"+{args.busy} busy", work)
-        finally:
-            for p in loops:
-                p.terminate()
-                p.join()
+            p.terminate()
+            p.join()
     q, d, one = quiet["default"]["ratio"], loaded["default"], loaded["1 thread"]
     steady = d["ratio"] <= 1.5 * q
     not_slower = d["forward_s"] <= 1.1 * one["forward_s"] and d["analysis_s"] <= 1.1 * one["analysis_s"]

@@ -130,13 +130,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=2, help="runs per setting, the best is kept (default 2)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, mps")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     global REPEATS
     REPEATS = args.repeats
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cpus")
-    model = tlg.load_model("smollm2-135m")
+    model = tlg.load_model("smollm2-135m", device=args.device)
     ratios(model, 1 if args.quick else args.n_seqs, args.seq_len)
     print(f"engine vs loop reference, real rows (layer {tlg.describe_model(model).n_layers // 2}, last query, K=256):")
     engine_vs_reference(model, 256, n_random=2 if args.quick else 16)

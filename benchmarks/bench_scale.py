@@ -36,16 +36,25 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def synchronize() -> None:
+    """Wait for the GPU's queued work (a no-op on the CPU), so that the timers see all of it."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def forward_seconds(model, tokens: torch.Tensor, batch_size: int) -> float:
     """Plain forward over all windows: per batch, the best of two passes."""
     total = 0.0
+    tokens = tokens.to(next(model.parameters()).device)
     with torch.inference_mode():
         model(tokens[:1, :8])  # warm-up
         for b0 in range(0, tokens.shape[0], batch_size):
             best = float("inf")
             for _ in range(2):
+                synchronize()
                 start = time.perf_counter()
                 model(tokens[b0 : b0 + batch_size])
+                synchronize()
                 best = min(best, time.perf_counter() - start)
             total += best
     return total
@@ -114,13 +123,15 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--n-seqs", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, mps")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     import tl_geometry as tlg
 
+    torch.set_num_threads(args.threads)  # after the import: a count the package takes as the user's
+
     n = 2 if args.quick else args.n_seqs
-    model = tlg.load_model("smollm2-135m")
+    model = tlg.load_model("smollm2-135m", device=args.device)
     print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     main_job = dict(diagnostics=True, bounds=True, taxonomy=True, ns="log")
     ratio(model, "run analysis (diagnostics + envelopes + taxonomy + separability, log) / forward [target <= 0.3]",

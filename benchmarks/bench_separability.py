@@ -128,6 +128,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rss-child", type=int, default=None)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, mps")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -137,7 +138,7 @@ def main() -> None:
     import tl_geometry as tlg
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cpus")
-    model = tlg.load_model("smollm2-135m")
+    model = tlg.load_model("smollm2-135m", device=args.device)
     analysis_ratio(model, args.n_seqs, args.seq_len, args.batch_size)
     engine_vs_reference(model, 256)
     if not args.quick:

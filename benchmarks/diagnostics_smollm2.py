@@ -47,13 +47,14 @@ def main() -> None:
     parser.add_argument("--k-fits", type=int, nargs="+", default=[16, 64, 256])
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: shared machine)")
     parser.add_argument("--out", type=Path, default=None, help="directory for the tables (parquet)")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, mps")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     pd.set_option("display.width", 200)
     pd.set_option("display.max_columns", 30)
 
     t0 = time.perf_counter()
-    model = tlg.load_model("smollm2-135m")
+    model = tlg.load_model("smollm2-135m", device=args.device)
     t_load = time.perf_counter() - t0
     info = tlg.describe_model(model)
     corpus = tlg.corpus.python_docs(n_seqs=args.n_seqs, seq_len=args.seq_len)

@@ -32,11 +32,12 @@ def main() -> None:
     parser.add_argument("--no-local", action="store_true")
     parser.add_argument("--no-refine", action="store_true")
     parser.add_argument("--renormalize", default="both", choices=("both", "deletion", "renormalize"))
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, mps")
     args = parser.parse_args()
     ns = "pow2" if args.ns == "pow2" else [int(x) for x in args.ns.split(",")]
     out = Path(args.out)
     start = time.perf_counter()
-    model = tlg.load_model("smollm2-135m")
+    model = tlg.load_model("smollm2-135m", device=args.device)
     corpus = tlg.corpus.python_docs(n_seqs=args.n_seqs, seq_len=args.seq_len)
     flags = {"both": (False, True), "deletion": (False,), "renormalize": (True,)}[args.renormalize]
     curve = tlg.sparsification_curve(model, corpus, ns=ns, renormalize=flags, batch_size=args.batch_size, out_dir=out)

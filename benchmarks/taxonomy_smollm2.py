@@ -44,6 +44,7 @@ def main() -> None:
         "--localized-n", type=int, default=8, help="keys kept per query in the localised loss (0: skip it)"
     )
     parser.add_argument("--out", type=Path, default=None, help="write features, heads, sink effect, PR curves as CSV")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, mps")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     pd.set_option("display.width", 200)
@@ -51,7 +52,7 @@ def main() -> None:
     pd.set_option("display.max_rows", 200)
 
     t0 = time.perf_counter()
-    model = tlg.load_model("smollm2-135m")
+    model = tlg.load_model("smollm2-135m", device=args.device)
     info = tlg.describe_model(model)
     t_load = time.perf_counter() - t0
     corpus = tlg.corpus.python_docs(n_seqs=args.n_seqs, seq_len=args.seq_len)
