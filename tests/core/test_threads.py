@@ -17,6 +17,7 @@ from tl_geometry.core import threads
 def no_thread_variables(monkeypatch):
     for name in threads.THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(threads, "REUSE_SECONDS", 0.0)  # a fresh count every time
 
 
 def test_free_threads_counts_the_idle_cpus():
@@ -58,6 +59,19 @@ def test_the_users_thread_count_wins(monkeypatch, no_thread_variables):
     monkeypatch.setenv("OMP_NUM_THREADS", str(before))
     with threads.analysis_threads("cpu") as n:
         assert n == before == torch.get_num_threads()
+
+
+def test_a_recent_count_is_reused(monkeypatch, no_thread_variables):
+    calls = []
+    monkeypatch.setattr(threads, "busy_cpus", lambda cpus=None, seconds=0.0: calls.append(1) or float(len(cpus)))
+    monkeypatch.setattr(threads, "TORCH_DEFAULT_THREADS", torch.get_num_threads())
+    with threads.analysis_threads("cpu") as n:  # REUSE_SECONDS = 0: a fresh sample
+        assert n == 1
+    monkeypatch.setattr(threads, "REUSE_SECONDS", 3600.0)
+    for _ in range(3):
+        with threads.analysis_threads("cpu") as n:
+            assert n == 1
+    assert len(calls) == 1
 
 
 def test_other_devices_are_left_alone(monkeypatch, no_thread_variables):

@@ -172,3 +172,32 @@ def test_save_and_load_round_trip(llama_bridge, tmp_path) -> None:
     assert back.config == result.config
     with pytest.raises(tlg.InputError, match="no saved result"):
         tlg.load_result(tmp_path / "nothing")
+
+
+@pytest.mark.parametrize("busy, expected", [(float("inf"), 1), (0.0, None)])
+def test_each_batch_runs_on_the_free_cpus(monkeypatch, llama_bridge, busy, expected) -> None:
+    import tl_geometry.pipeline.loop as loop
+    from tl_geometry.core import threads
+
+    for name in threads.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(threads, "busy_cpus", lambda cpus=None, seconds=0.0: busy)
+    monkeypatch.setattr(threads, "REUSE_SECONDS", 0.0)
+    seen: list[int] = []
+    original = loop.run_streaming
+
+    def recording(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "run_streaming", recording)
+    outer = torch.get_num_threads()
+    torch.set_num_threads(2)
+    monkeypatch.setattr(threads, "TORCH_DEFAULT_THREADS", 2)  # torch's count as the user left it
+    try:
+        tlg.analyze(llama_bridge, torch.randint(3, 200, (3, 10)), batch_size=2, progress=False)
+        assert torch.get_num_threads() == 2  # restored after every batch
+    finally:
+        torch.set_num_threads(outer)
+    free = min(2, len(threads.own_cpus())) if expected is None else expected
+    assert seen == [free, free]  # two batches, each on the free CPUs

@@ -2,16 +2,17 @@
 
 torch's default is one intra-op thread per core. On a shared machine every operation is then split
 across cores that other processes are using, and each waits at a barrier for a thread that is not
-running: on 2 cores at a load of 4 the analysis ran 23 x slower than on one thread
-(docs/scaling.md, "On a busy machine"). :func:`analysis_threads` sets torch's intra-op threads, for the duration of a
-``with`` block, to the CPUs free right now::
+running: on 2 cores at a load of 4 the analysis ran 23 x slower than on one thread (docs/scaling.md,
+"On a busy machine"). :func:`analysis_threads` sets torch's intra-op threads, for the duration of
+a ``with`` block, to the CPUs free right now::
 
     free = round(len(os.sched_getaffinity(0)) - busy)       # at least 1
 
-where ``busy`` is the number of this process's CPUs that other work kept busy over the last 50 ms
+where ``busy`` is the number of this process's CPUs that other work kept busy over the next 50 ms
 (``/proc/stat``; the 1-minute load average where that file does not exist). A user's choice wins:
 with ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` set, or ``torch.set_num_threads`` called after
-``import tl_geometry``, nothing is changed.
+``import tl_geometry``, nothing is changed (a count set before the import cannot be told from
+torch's own default).
 
 Example::
 
@@ -36,6 +37,12 @@ TORCH_DEFAULT_THREADS = torch.get_num_threads()
 
 #: How long :func:`busy_cpus` watches the CPUs.
 SAMPLE_SECONDS = 0.05
+
+#: For how many seconds :func:`analysis_threads` reuses its last count (short batches, such as the
+#: intervention's passes, then pay for one sample a second at most).
+REUSE_SECONDS = 1.0
+
+_last_count: dict[str, float] = {}  # {"at": time.monotonic(), "threads": count}
 
 
 def own_cpus() -> list[int]:
@@ -92,7 +99,8 @@ def free_threads(cpus: list[int] | None = None, busy: float | None = None) -> in
     """
     cpus = own_cpus() if cpus is None else cpus
     busy = busy_cpus(cpus) if busy is None else busy
-    return max(1, min(len(cpus), round(len(cpus) - busy)))
+    busy = min(max(busy, 0.0), float(len(cpus)))  # a load average may exceed the CPUs
+    return max(1, round(len(cpus) - busy))
 
 
 def user_chose_threads() -> bool:
@@ -112,7 +120,12 @@ def analysis_threads(device: torch.device | str = "cpu") -> Iterator[int]:
     if torch.device(device).type != "cpu" or user_chose_threads():
         yield previous
         return
-    threads = free_threads()
+    now = time.monotonic()
+    if _last_count and now - _last_count["at"] < REUSE_SECONDS:
+        threads = int(_last_count["threads"])
+    else:
+        threads = free_threads()
+        _last_count.update(at=time.monotonic(), threads=threads)
     torch.set_num_threads(threads)
     try:
         yield threads
@@ -121,6 +134,7 @@ def analysis_threads(device: torch.device | str = "cpu") -> Iterator[int]:
 
 
 __all__ = [
+    "REUSE_SECONDS",
     "SAMPLE_SECONDS",
     "THREAD_VARIABLES",
     "TORCH_DEFAULT_THREADS",

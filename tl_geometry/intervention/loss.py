@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from tl_geometry.capture.hooks import model_device
 from tl_geometry.core.budget import check_memory
+from tl_geometry.core.threads import analysis_threads
 from tl_geometry.errors import InputError
 
 
@@ -124,7 +125,8 @@ def corpus_nll(
             batch = tokens[ids]
             if before_batch is not None:
                 before_batch(ids)
-            logits = model(batch.to(device))
+            with analysis_threads(device):  # the CPUs free now (tl_geometry.core.threads)
+                logits = model(batch.to(device))
             sums.update(zip(ids.tolist(), window_nll(logits, batch).cpu().tolist()))
             bar.update(batch.shape[0])
     bar.close()
