@@ -318,18 +318,19 @@ def test_profile_fit_never_raises(n_keys, entries):
 
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(2, 80), d=st.integers(1, 6), k_frac=st.floats(0.0, 1.0), seed=st.integers(0, 2**31))
-def test_lag_cosine_sums_match_the_diagonals(n, d, k_frac, seed):
-    from tl_geometry.diagnostics.lag_cosines import lag_cosine_sums
+def test_lag_cosine_moments_match_the_diagonals(n, d, k_frac, seed):
+    from tl_geometry.diagnostics.lag_cosines import lag_cosine_moments
 
     k_max = 1 + int(k_frac * (n - 2))
     u = torch.randn(2, n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    sums, sums_sq, neg = lag_cosine_sums(u, k_max)
+    moments, neg = lag_cosine_moments(u, k_max)
     for r in range(2):
         g = (u[r] @ u[r].T).numpy()
         for k in range(1, k_max + 1):
             diag = np.array([g[i, i + k] for i in range(n - k)])
-            assert sums[r, k - 1].item() == pytest.approx(diag.sum(), abs=1e-10)
-            assert sums_sq[r, k - 1].item() == pytest.approx((diag**2).sum(), abs=1e-10)
+            assert moments.count[r, k - 1].item() == n - k
+            assert moments.mean[r, k - 1].item() == pytest.approx(diag.mean(), rel=1e-12, abs=1e-12)
+            assert moments.m2[r, k - 1].item() == pytest.approx(((diag - diag.mean()) ** 2).sum(), rel=1e-12, abs=1e-12)
             assert neg[r, k - 1].item() == (diag < 0).sum()
 
 

@@ -1,12 +1,7 @@
-"""Population standard deviation from merged sums (``sum x``, ``sum x^2``, count), batch-independent at 0.
+"""The small numerical kernels every layer shares: the accumulation dtype, exact powers of two, the
+cosine distance and the local errors (one copy of each; merged spreads: :mod:`tl_geometry.core.moments`).
 
-Every accumulator of the package keeps ``sum x`` and ``sum x^2`` so that batches, resumed runs and
-ranks merge by addition (definitions §3, §5). ``var = E[x^2] - E[x]^2`` then carries the rounding of
-``E[x^2]`` (a relative ``~1e-16``), so values that are all equal would show a "std" of ``1e-8`` times
-their size, different for each batching. :func:`population_std` clamps the variance to ``>= 0`` and
-sets it to exactly 0 below the resolution of the formula, ``var <= 1024 eps E[x^2]``: a std under
-``32 sqrt(eps) |x| ~ 4.8e-7 |x|`` is not resolvable from these sums, and reporting 0 makes the
-all-equal case exact for any batch size and any resume.
+Example: ``times_pow2(x, e)`` is ``x * 2 ** e`` rounded once, beyond float64's range of ``2 ** e`` too.
 """
 
 from __future__ import annotations
@@ -17,31 +12,6 @@ from torch import Tensor
 #: Every accumulator of the package (diagnostics, taxonomy) sums in this dtype, whatever the
 #: dtype of the activations.
 ACC_DTYPE = torch.float64
-
-#: Relative resolution of ``E[x^2] - E[x]^2`` in float64 (see the module docstring).
-RESOLUTION = 1024 * torch.finfo(torch.float64).eps
-
-
-def population_std(mean: Tensor, mean_sq: Tensor) -> Tensor:
-    """``sqrt(E[x^2] - E[x]^2)``, exactly 0 when the variance is below the rounding of ``E[x^2]``.
-
-    Parameters
-    ----------
-    mean, mean_sq : Tensor [...] float64
-        ``E[x]`` and ``E[x^2]`` (sums divided by the count).
-
-    Examples
-    --------
-    >>> import torch
-    >>> x = torch.full((7,), 0.1, dtype=torch.float64)
-    >>> float(population_std(x.mean(), x.square().mean()))   # all equal: 0, not 1e-9
-    0.0
-    >>> float(population_std(torch.tensor(1.0, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float64)))
-    1.0
-    """
-    var = mean_sq - mean.square()
-    var = torch.where(var <= RESOLUTION * mean_sq.abs(), torch.zeros_like(var), var)
-    return var.sqrt()
 
 
 def pow2(exponents: Tensor) -> Tensor:

@@ -1,4 +1,9 @@
-"""The building blocks of the diagnostics accumulators: keyed running sums, states, checks, the median."""
+"""The building blocks of the diagnostics accumulators: keyed running sums and moments, states, checks, the median.
+
+Sums (means of per-sequence statistics) merge by addition; spreads merge as
+:class:`~tl_geometry.core.moments.Moments` (count, mean, ``M2``), never as sums of squares, so a
+standard deviation is the same for any batching, resume and number of ranks.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+from tl_geometry.core.moments import Moments
 from tl_geometry.errors import InputError
 
 
@@ -61,10 +67,11 @@ _Sums = TypeVar("_Sums", bound="KeyedSums")
 
 
 class KeyedSums:
-    """Base of the per-layer accumulators that keep named float64 sums over sequences.
+    """Base of the per-layer accumulators that keep named float64 sums and moments over sequences.
 
-    A subclass sets :attr:`name`, creates ``self.sums`` in ``_init(n_keys, n_kv_heads)`` (which
-    also checks the geometry of later batches), and adds each batch with :meth:`_add`. Merging,
+    A subclass sets :attr:`name`, creates ``self.sums`` and ``self.moments`` in
+    ``_init(n_keys, n_kv_heads)`` (which also checks the geometry of later batches), and adds each
+    batch with :meth:`_add` (a tensor is added to the sum of its name, a :class:`Moments` merged). Merging,
     saving and restoring are shared; :meth:`_check_settings` and :meth:`_extra_state` let a
     subclass refuse or save its own settings.
     """
@@ -76,6 +83,7 @@ class KeyedSums:
         self.n_keys: int | None = None
         self.n_kv_heads: int | None = None
         self.sums: dict[str, Tensor] = {}
+        self.moments: dict[str, Moments] = {}
 
     def _init(self, n_keys: int, n_kv: int) -> None:
         raise NotImplementedError
@@ -101,9 +109,12 @@ class KeyedSums:
         self._init(n_keys, n_kv)
         return True
 
-    def _add(self, add: dict[str, Tensor], n_seqs: int) -> None:
+    def _add(self, add: dict[str, Tensor | Moments], n_seqs: int) -> None:
         for k, v in add.items():
-            self.sums[k] += v
+            if isinstance(v, Moments):
+                self.moments[k] = self.moments[k].merge(v)
+            else:
+                self.sums[k] += v
         self.n_seqs += n_seqs
 
     def _check_settings(self, other: "KeyedSums") -> None:
@@ -118,7 +129,7 @@ class KeyedSums:
             self._init(*other.geometry())
         geometry = (self.n_keys, self.n_kv_heads), (other.n_keys, other.n_kv_heads)
         check_same(self.name, *geometry, "(n_keys, n_kv_heads)")
-        self._add(other.sums, other.n_seqs)
+        self._add({**other.sums, **other.moments}, other.n_seqs)
         return self
 
     def _extra_state(self) -> dict:
@@ -133,6 +144,7 @@ class KeyedSums:
                 "n_keys": self.n_keys,
                 "n_kv_heads": self.n_kv_heads,
                 "sums": self.sums,
+                "moments": {k: m.state_dict() for k, m in self.moments.items()},
             }
         )
 
@@ -141,4 +153,5 @@ class KeyedSums:
         self.n_keys = state["n_keys"]
         self.n_kv_heads = state["n_kv_heads"]
         self.sums = as_state(dict(state["sums"]))
+        self.moments = {k: Moments.from_state_dict(m) for k, m in state["moments"].items()}
         return self

@@ -9,11 +9,12 @@ For one sequence and one key/value head with values ``v_0 .. v_{L-1}`` (``L`` ke
 
 A median cannot be merged across batches, so both statistics are computed **per sequence**
 (exactly as definitions §3 defines them) and then **averaged over sequences**; the accumulator keeps
-their sums and the number of sequences. Beside them it keeps, per position, the sum and the sum
-of squares of ``||v_i||`` over sequences, which give the per-position mean norm ``m_i`` (the curve
+their sums and the number of sequences. Beside them it keeps, per position, the mergeable moments
+(count, mean, ``M2``) of ``||v_i||`` over sequences, which give the per-position mean norm ``m_i`` (the curve
 of Fig. 2, left) and two curve statistics: ``sink_ratio_of_mean = m_0 / median_{i>0} m_i`` and
-``norm_cv_of_mean = std_{i>0} m_i / mean_{i>0} m_i``. Everything is a sum, so any split of the
-corpus into batches, merged in any order, gives the same numbers (up to float64 rounding).
+``norm_cv_of_mean = std_{i>0} m_i / mean_{i>0} m_i``. Everything is a sum or a
+:class:`~tl_geometry.core.moments.Moments`, so any split of the corpus into batches, merged in any
+order, gives the same numbers to float64 rounding (``~1e-15`` relative, the spreads included).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from torch import Tensor
 
 from tl_geometry.capture.tables import empty_frame
 from tl_geometry.core.checks import typechecked
-from tl_geometry.core.numerics import ACC_DTYPE, population_std
+from tl_geometry.core.moments import Moments
+from tl_geometry.core.numerics import ACC_DTYPE
 from tl_geometry.diagnostics.accumulators import KeyedSums, check_same, median_last
 
 NORM_COLUMNS = [
@@ -45,7 +47,7 @@ NORM_COLUMNS = [
 ]
 NORM_CURVE_COLUMNS = ["kv_head", "position", "mean_norm", "std_norm", "n_seqs"]
 
-_SUMS = ("sink", "median", "mean", "ratio", "cv", "pos", "pos_sq")
+_SUMS = ("sink", "median", "mean", "ratio", "cv")
 
 
 @dataclass(frozen=True)
@@ -97,8 +99,7 @@ class NormAccumulator(KeyedSums):
             "mean": mean.sum(0),
             "ratio": (sink / median).sum(0),
             "cv": (std / mean).sum(0),
-            "pos": norms.sum(0).T,  # [g, L]
-            "pos_sq": norms.square().sum(0).T,
+            "pos": Moments.of(norms.transpose(1, 2), dim=0),  # [g, L] over sequences
         }
         self._add(add, b)
         return self
@@ -108,9 +109,10 @@ class NormAccumulator(KeyedSums):
         if self.n_seqs == 0:
             return ValueNormStats(empty_frame(NORM_COLUMNS), empty_frame(NORM_CURVE_COLUMNS))
         n, s = self.n_seqs, self.sums
-        g, n_keys = s["pos"].shape
-        m = s["pos"] / n  # [g, L] per-position mean norm
-        std_pos = population_std(m, s["pos_sq"] / n)
+        pos = self.moments["pos"]
+        g, n_keys = pos.mean.shape
+        m = pos.mean  # [g, L] per-position mean norm
+        std_pos = pos.std()
         m_rest = m[:, 1:]
         summary = pd.DataFrame(
             {
@@ -145,9 +147,8 @@ class NormAccumulator(KeyedSums):
     def _init(self, n_keys: int, n_kv: int) -> None:
         if self.n_keys is None:
             self.n_keys, self.n_kv_heads = n_keys, n_kv
-            self.sums = {k: torch.zeros(n_kv, dtype=ACC_DTYPE) for k in _SUMS[:5]}
-            self.sums["pos"] = torch.zeros(n_kv, n_keys, dtype=ACC_DTYPE)
-            self.sums["pos_sq"] = torch.zeros(n_kv, n_keys, dtype=ACC_DTYPE)
+            self.sums = {k: torch.zeros(n_kv, dtype=ACC_DTYPE) for k in _SUMS}
+            self.moments = {"pos": Moments.zeros((n_kv, n_keys))}
         else:
             check_same("norm", (self.n_keys, self.n_kv_heads), (n_keys, n_kv), "(n_keys, n_kv_heads)")
 

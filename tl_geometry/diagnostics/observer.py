@@ -35,9 +35,10 @@ from tl_geometry.diagnostics.similarity import (
     SimilarityAccumulator,
 )
 from tl_geometry.errors import InputError
+from tl_geometry.io.store import check_state_version
 from tl_geometry.models import ModelInfo
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 1: sums of squares (0.2), refused
 
 
 @dataclass(frozen=True)
@@ -271,8 +272,7 @@ class DiagnosticsObserver:
 
     def load_state_dict(self, state: dict) -> "DiagnosticsObserver":
         """Replace this observer's accumulators by a saved :meth:`state_dict` (same settings)."""
-        if state.get("version") != _STATE_VERSION:
-            raise InputError(f"diagnostics state version {state.get('version')} is not {_STATE_VERSION}")
+        check_state_version(state, _STATE_VERSION, "diagnostics")
         check_same("diagnostics", self._settings(), _as_settings(state["settings"]), "model or settings")
         self.layers = {
             int(layer): _LayerState(

@@ -3,7 +3,7 @@
 Per key/value head: ``c(k) = mean cos(v_i, v_j)`` over the pairs ``i, j > 0`` at lag
 ``|i - j| = k`` (pooled over sequences), the fit ``c(k) ~ exp(-beta k)`` with its ``mae``, the
 ``share_negative`` of those cosines, and ``rho_0 = mean_{j>0} cos(v_0, v_j)``. Accumulators keep
-sums per lag, so batches merge exactly; lagged cosines come from banded block products
+sums and mergeable moments (count, mean, ``M2``) per lag, so batches merge exactly; lagged cosines come from banded block products
 (:mod:`.lag_cosines`). Details: docs/diagnostics.md §1-3.
 
 Columns: docs/columns.md#similarity.
@@ -22,10 +22,11 @@ from torch import Tensor
 
 from tl_geometry.capture.tables import empty_frame
 from tl_geometry.core.checks import typechecked
-from tl_geometry.core.numerics import ACC_DTYPE, population_std
+from tl_geometry.core.moments import Moments
+from tl_geometry.core.numerics import ACC_DTYPE
 from tl_geometry.diagnostics.accumulators import KeyedSums, check_same, unit
 from tl_geometry.diagnostics.decay_fit import fit_exponential_decay
-from tl_geometry.diagnostics.lag_cosines import lag_cosine_sums
+from tl_geometry.diagnostics.lag_cosines import lag_cosine_moments
 from tl_geometry.errors import InputError
 
 #: Default largest lag. Assumption 2 is about how similarity falls off with distance; at
@@ -81,13 +82,14 @@ class SimilarityAccumulator(KeyedSums):
         b = values.shape[0]
         u = unit(values.to(ACC_DTYPE))  # [b, L, g, d]
         rest = einops.rearrange(u[:, 1:], "b l g d -> (b g) l d").contiguous()
-        sums, sums_sq, neg = lag_cosine_sums(rest, self.lags())
-        per_head = lambda x: einops.reduce(x, "(b g) k -> g k", "sum", b=b)  # noqa: E731
+        moments, neg = lag_cosine_moments(rest, self.lags())
+        per_seq = Moments(
+            *(einops.rearrange(x, "(b g) k -> b g k", b=b) for x in (moments.count, moments.mean, moments.m2))
+        )
         sink_cos = einops.einsum(u[:, :1], u[:, 1:], "b one g d, b l g d -> b l g")
-        add = {
-            "lag": per_head(sums),
-            "lag_sq": per_head(sums_sq),
-            "lag_neg": per_head(neg.to(ACC_DTYPE)),
+        add: dict[str, Tensor | Moments] = {
+            "lag": per_seq.reduce(0),
+            "lag_neg": einops.reduce(neg.to(ACC_DTYPE), "(b g) k -> g k", "sum", b=b),
             "sink": einops.reduce(sink_cos, "b l g -> g", "sum"),
         }
         self._add(add, b)
@@ -108,8 +110,8 @@ class SimilarityAccumulator(KeyedSums):
         n_keys, _ = self.geometry()
         ks = torch.arange(1, self.lags() + 1, dtype=torch.int64)
         n_pairs = (self.n_seqs * (n_keys - 1 - ks)).to(ACC_DTYPE)
-        c = self.sums["lag"] / n_pairs
-        c_std = population_std(c, self.sums["lag_sq"] / n_pairs)
+        lag = self.moments["lag"]
+        c, c_std = lag.mean, lag.std()
         return ks, c, c_std, self.sums["lag_neg"], n_pairs
 
     def result(self, k_fit: int | None = None) -> SimilarityDecay:
@@ -170,9 +172,8 @@ class SimilarityAccumulator(KeyedSums):
             req = self.k_max_requested
             k_max = n_keys - 2 if req is None else min(req, n_keys - 2)
             self.k_max = k_max
+            self.moments = {"lag": Moments.zeros((n_kv, k_max))}
             self.sums = {
-                "lag": torch.zeros(n_kv, k_max, dtype=ACC_DTYPE),
-                "lag_sq": torch.zeros(n_kv, k_max, dtype=ACC_DTYPE),
                 "lag_neg": torch.zeros(n_kv, k_max, dtype=ACC_DTYPE),
                 "sink": torch.zeros(n_kv, dtype=ACC_DTYPE),
             }

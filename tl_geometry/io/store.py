@@ -38,6 +38,37 @@ class StoreError(InputError):
     """A saved run that cannot be resumed: damaged, of another version, or of another run."""
 
 
+#: Accumulator states of this version and below hold sums of squares (tl_geometry 0.2), which
+#: cannot give standard deviations that agree across batchings, resumes and ranks.
+SUMS_OF_SQUARES_STATES = 1
+
+
+def check_state_version(state: Mapping[str, Any], expected: int, what: str) -> None:
+    """Refuse a saved accumulator state of another version, with one line saying what to do.
+
+    States of version :data:`SUMS_OF_SQUARES_STATES` (tl_geometry 0.2: sums of squares) are refused
+    rather than converted: their standard deviations carry the cancellation error that the
+    ``(count, mean, M2)`` states of this version remove, so a resumed run would not equal a fresh one.
+
+    Examples
+    --------
+    >>> check_state_version({"version": 2}, 2, "taxonomy")
+    >>> check_state_version({"version": 1}, 2, "taxonomy")
+    Traceback (most recent call last):
+    ...
+    tl_geometry.io.store.StoreError: this taxonomy state was saved by tl_geometry 0.2 (sums of squares, ...
+    """
+    found = state.get("version")
+    if found == expected:
+        return
+    if found == SUMS_OF_SQUARES_STATES:
+        raise StoreError(
+            f"this {what} state was saved by tl_geometry 0.2 (sums of squares, whose standard deviations "
+            "are not exact) and cannot be resumed: start the run over in another output directory"
+        )
+    raise StoreError(f"this {what} state has version {found}, and this tl_geometry reads {expected}: start over")
+
+
 # ----------------------------------------------------------------------------- identity
 
 
@@ -293,7 +324,9 @@ class RunStore:
 __all__ = [
     "RunStore",
     "STORE_FORMAT",
+    "SUMS_OF_SQUARES_STATES",
     "StoreError",
+    "check_state_version",
     "describe_differences",
     "model_fingerprint",
     "run_identity",

@@ -3,9 +3,9 @@
 Columns: docs/columns.md#regime_features.
 
 For every (part, layer, query position) the accumulator keeps, per head (and per ``N`` for the
-curves), the count, the sum and the sum of squares of each feature over sequences, in float64.
-The mean is ``sum / count`` and the spread the population standard deviation
-``sqrt(max(sumsq / count - mean^2, 0))`` over sequences. The leave-one-out norms are defined
+curves), the mergeable moments of each feature over sequences (:class:`~tl_geometry.core.moments.Moments`:
+count, mean and ``M2``, in float64), and the spread is their population standard deviation
+``sqrt(M2 / count)``: the same numbers for any batching, resume or number of ranks. The leave-one-out norms are defined
 only where the removed key is selected, so they have their own counts (``sink_in`` / ``last_in``
 in the table are the share of sequences where they are defined). Parts let one pass accumulate
 disjoint groups of sequences (for instance two halves) that merge exactly into the whole.
@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 from tl_geometry.capture.tables import HEAD_KEY_COLUMNS, empty_frame
-from tl_geometry.core.numerics import ACC_DTYPE, population_std
+from tl_geometry.core.moments import Moments
+from tl_geometry.core.numerics import ACC_DTYPE
 from tl_geometry.errors import InputError
 from tl_geometry.taxonomy.features import CURVE_FEATURES, SCALAR_FEATURES
 
@@ -38,16 +39,14 @@ TABLE_COLUMNS = HEAD_KEY_COLUMNS + FEATURE_COLUMNS
 
 
 class _State:
-    """Sums for one (part, layer, query position): ``[head]`` scalars, ``[head, n]`` curves."""
+    """Moments for one (part, layer, query position): ``[head]`` scalars, ``[head, n]`` curves."""
 
     def __init__(self, n_heads: int, ns: Tensor) -> None:
         self.ns = ns.cpu()
         g = len(ns)
         self.count = 0
-        self.sums = {name: torch.zeros(n_heads, dtype=ACC_DTYPE) for name in SCALAR_FEATURES}
-        self.sums.update({name: torch.zeros(n_heads, g, dtype=ACC_DTYPE) for name in CURVE_FEATURES})
-        self.sumsq = {name: torch.zeros_like(x) for name, x in self.sums.items()}
-        self.loo_count = {name: torch.zeros(n_heads, g, dtype=ACC_DTYPE) for name in _LOO}
+        self.moments = {name: Moments.zeros((n_heads,)) for name in SCALAR_FEATURES}
+        self.moments.update({name: Moments.zeros((n_heads, g)) for name in CURVE_FEATURES})
         self.seqs: set[int] = set()
 
     def add(self, scalars: dict[str, Tensor], curves: dict[str, Tensor], seq_ids: list[int]) -> None:
@@ -56,12 +55,8 @@ class _State:
         self.seqs.update(seq_ids)
         for name, x in {**scalars, **curves}.items():
             x = x.to(ACC_DTYPE).cpu()
-            if name in _LOO:
-                defined = ~torch.isnan(x)
-                self.loo_count[name] += defined.sum(dim=0)
-                x = torch.where(defined, x, 0.0)
-            self.sums[name] += x.sum(dim=0)
-            self.sumsq[name] += (x * x).sum(dim=0)
+            defined = ~torch.isnan(x) if name in _LOO else None
+            self.moments[name] = self.moments[name].merge(Moments.of(x, dim=0, defined=defined))
 
     def merge(self, other: "_State") -> None:
         if not torch.equal(self.ns, other.ns):
@@ -71,28 +66,17 @@ class _State:
             raise InputError(f"sequences {sorted(common)[:8]} were accumulated twice; merging would count them twice")
         self.count += other.count
         self.seqs |= other.seqs
-        for name in self.sums:
-            self.sums[name] += other.sums[name]
-            self.sumsq[name] += other.sumsq[name]
-        for name in self.loo_count:
-            self.loo_count[name] += other.loo_count[name]
+        for name in self.moments:
+            self.moments[name] = self.moments[name].merge(other.moments[name])
 
     def copy(self) -> "_State":
-        out = _State(self.sums["c_sink"].shape[0], self.ns)
+        out = _State(self.moments["c_sink"].count.shape[0], self.ns)
         out.merge(self)
         return out
 
 
-def _mean_std(total: Tensor, total_sq: Tensor, count: Tensor | float) -> tuple[Tensor, Tensor]:
-    count = torch.as_tensor(count, dtype=ACC_DTYPE)
-    safe = count.clamp_min(1)
-    mean = torch.where(count > 0, total / safe, torch.nan)
-    std = torch.where(count > 0, population_std(mean, total_sq / safe), torch.nan)
-    return mean, std
-
-
 class FeatureAccumulator:
-    """Mergeable sums of the regime features over sequences, keyed by (part, layer, query_pos).
+    """Mergeable moments of the regime features over sequences, keyed by (part, layer, query_pos).
 
     ``add`` takes the per-row features of one layer, one query position and a batch of sequences
     (rows ``[batch, head]``); ``table`` turns the sums into the tidy features table.
@@ -152,9 +136,7 @@ class FeatureAccumulator:
                     "ns": st.ns.clone(),
                     "count": st.count,
                     "seqs": sorted(st.seqs),
-                    "sums": {k: x.clone() for k, x in st.sums.items()},
-                    "sumsq": {k: x.clone() for k, x in st.sumsq.items()},
-                    "loo_count": {k: x.clone() for k, x in st.loo_count.items()},
+                    "moments": {k: m.state_dict() for k, m in st.moments.items()},
                 }
                 for key, st in self.states.items()
             ],
@@ -167,9 +149,7 @@ class FeatureAccumulator:
         for item in state["states"]:
             st = _State(len(acc.kv_head_of), item["ns"])
             st.count, st.seqs = int(item["count"]), set(item["seqs"])
-            st.sums = {k: x.clone() for k, x in item["sums"].items()}
-            st.sumsq = {k: x.clone() for k, x in item["sumsq"].items()}
-            st.loo_count = {k: x.clone() for k, x in item["loo_count"].items()}
+            st.moments = {k: Moments.from_state_dict(m) for k, m in item["moments"].items()}
             acc.states[tuple(item["key"])] = st
         return acc
 
@@ -197,7 +177,7 @@ class FeatureAccumulator:
         return pd.concat(frames, ignore_index=True)
 
     def _frame(self, layer: int, q: int, st: _State) -> pd.DataFrame:
-        n_heads, g = st.sums["cos_s_v0"].shape
+        n_heads, g = st.moments["cos_s_v0"].count.shape
         heads = np.repeat(np.arange(n_heads), g)
         cols: dict[str, np.ndarray] = {
             "layer": np.full(n_heads * g, layer, dtype=np.int64),
@@ -208,16 +188,15 @@ class FeatureAccumulator:
             "n_seqs": np.full(n_heads * g, st.count, dtype=np.int64),
         }
         for name in SCALAR_FEATURES:
-            mean, std = _mean_std(st.sums[name], st.sumsq[name], st.count)
-            cols[name] = np.repeat(mean.numpy(), g)
-            cols[f"{name}_std"] = np.repeat(std.numpy(), g)
+            m = st.moments[name]
+            cols[name] = np.repeat(m.mean_or_nan().numpy(), g)
+            cols[f"{name}_std"] = np.repeat(m.std().numpy(), g)
         for name in CURVE_FEATURES:
-            count = st.loo_count[name] if name in _LOO else st.count
-            mean, std = _mean_std(st.sums[name], st.sumsq[name], count)
-            cols[name] = mean.reshape(-1).numpy()
-            cols[f"{name}_std"] = std.reshape(-1).numpy()
+            m = st.moments[name]
+            cols[name] = m.mean_or_nan().reshape(-1).numpy()
+            cols[f"{name}_std"] = m.std().reshape(-1).numpy()
             if name in _LOO:
-                cols[_LOO[name]] = (st.loo_count[name] / max(st.count, 1)).reshape(-1).numpy()
+                cols[_LOO[name]] = (m.count / max(st.count, 1)).reshape(-1).numpy()
         return pd.DataFrame(cols)[TABLE_COLUMNS]
 
 

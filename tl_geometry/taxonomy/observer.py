@@ -19,11 +19,12 @@ from tl_geometry.core.checks import check_row_inputs
 from tl_geometry.core.layouts import values_per_head
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
 from tl_geometry.errors import InputError
+from tl_geometry.io.store import check_state_version
 from tl_geometry.models import ModelInfo
 from tl_geometry.taxonomy.accumulate import FeatureAccumulator
 from tl_geometry.taxonomy.features import row_features, sink_similarity
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 1: sums of squares (0.2), refused
 
 PartsLike = Mapping[int, Hashable] | Callable[[int], Hashable] | None
 
@@ -151,7 +152,8 @@ class TaxonomyObserver:
 
     def load_state_dict(self, state: dict) -> "TaxonomyObserver":
         """Replace the sums with those of :meth:`state_dict` (same model and ``ns`` required); returns ``self``."""
-        if state.get("version") != _STATE_VERSION or state.get("settings") != self._settings():
+        check_state_version(state, _STATE_VERSION, "taxonomy")
+        if state.get("settings") != self._settings():
             raise InputError(
                 f"this taxonomy state was saved with other settings ({state.get('settings')}); "
                 f"expected {self._settings()}"
