@@ -15,8 +15,9 @@ def test_demo_notebook_executes(monkeypatch) -> None:
     monkeypatch.setenv("TLG_DEMO_SEQ_LEN", "96")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     nb = nbformat.read(NOTEBOOK, as_version=4)
+    # no cell timeout: a busy machine may take any time; the notebook's work is kept small instead
     NotebookClient(
-        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+        nb, timeout=None, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
     ).execute()
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]

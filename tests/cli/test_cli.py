@@ -34,7 +34,7 @@ def test_unknown_model_offline_is_one_line_and_exit_2(tmp_path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "tl_geometry.cli.app", "run", "--model", "no-such-model-xyz", "--out", str(tmp_path / "o")],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True, text=True, env=env,
     )  # fmt: skip
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("tl-geometry: error:")]

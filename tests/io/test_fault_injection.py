@@ -87,7 +87,7 @@ def test_sigkill_then_resume_gives_every_table_bit_for_bit(tmp_path, llama_bridg
     settings = json.dumps({k: v for k, v in SETTINGS.items()})
     proc = subprocess.run(
         [sys.executable, "-c", KILL_SCRIPT, str(repo), str(kill_at), mode, str(tmp_path / "run"), settings],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True, text=True, env=env,
     )  # fmt: skip
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     resumed = tlg.analyze(llama_bridge, corpus, out_dir=tmp_path / "run", **SETTINGS)
