@@ -59,3 +59,37 @@ def test_a_run_with_out_dir_keeps_its_rows_on_disk_until_used(tmp_path: Path) ->
     assert disk.separability.attrs == memory.separability.attrs
     saved = tlg.load_result(tmp_path / "saved")
     pd.testing.assert_frame_equal(saved.separability, memory.separability, check_exact=True)
+
+
+def test_interleaved_shards_merge_one_range_of_windows_at_a_time(tmp_path: Path, monkeypatch) -> None:
+    """torchrun's ranks hold windows r, r + W, ...: each part of one rank overlaps parts of the
+    others. The merge holds at most one part's width of windows at a time (it used to sort every
+    chain of overlapping parts together: two parts here, unbounded where part ranges chain)."""
+    import pyarrow.parquet as pq
+
+    world, batch, n_windows = 2, 2, 24
+    frames = []
+    for rank in range(world):
+        mine = list(range(rank, n_windows, world))
+        for i in range(0, len(mine), batch):
+            seqs = mine[i : i + batch]
+            frames.append(_part(seqs, len(frames)))
+            frames[-1].to_parquet(tmp_path / f"part-{seqs[0]:06d}-{seqs[-1]:06d}.parquet", index=False)
+    written: list[int] = []
+    real = pq.ParquetWriter.write_table
+    monkeypatch.setattr(
+        pq.ParquetWriter,
+        "write_table",
+        lambda self, t, *a, **k: (written.append(t.num_rows), real(self, t, *a, **k))[1],
+    )
+    rows = merge_parts(sorted(tmp_path.glob("part-*")), tmp_path / "all.parquet", KEY, ["attention", "random"])
+    rank = {"attention": 0, "random": 1}
+    expected = (
+        pd.concat(frames, ignore_index=True)
+        .sort_values(KEY, key=lambda c: c.map(rank) if c.name == "rank_by" else c)
+        .reset_index(drop=True)
+    )
+    pd.testing.assert_frame_equal(rows.load(), expected, check_exact=True)
+    per_window = len(frames[0]) // batch
+    width = batch * world - 1  # a part spans windows first .. first + (batch - 1) * world
+    assert sum(written) == len(expected) and max(written) <= width * per_window < len(expected) // 4

@@ -171,6 +171,8 @@ def _sparsify(args: argparse.Namespace, options: dict, out: Path, world: Any) ->
             world=world,
         )
         n_star = curve.effective_set_size(args.tolerance, refine=not args.no_refine)
+        if world is not None:  # the last collective is behind every rank: leave the group together
+            world.finish()
         if not main_process:
             return 0
     except StoreError as exc:

@@ -1,9 +1,11 @@
 """The row table of a long run kept on disk: merged from the batch parts without holding it in memory.
 
 A run with an output directory saves every batch's rows as a parquet part (:mod:`tl_geometry.io.store`).
-:func:`merge_parts` writes them into one parquet file in the table's key order, one group of parts
-at a time (parts whose window ranges overlap are sorted together), so the peak memory of the merge
-is that of a batch, whatever the number of windows. :class:`RowsOnDisk` stands for that file in an
+:func:`merge_parts` writes them into one parquet file in the table's key order, one range of
+windows at a time: the range is as wide as the widest part, and only the rows of that range are read
+from the parts that reach into it. The peak memory of the merge is that of about two batches,
+whatever the number of windows, also for the interleaved parts of torchrun's ranks
+(rank ``r`` of ``W`` holds windows ``r, r + W, ...``), which rank 0 merges straight from their stores. :class:`RowsOnDisk` stands for that file in an
 :class:`~tl_geometry.pipeline.result.AnalysisResult` until the table is first used.
 
 Examples
@@ -22,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import pandas as pd
 
@@ -64,36 +66,43 @@ def merge_parts(
 ) -> RowsOnDisk:
     """Write the rows of ``parts`` to ``path`` sorted by ``key`` (``rank_by`` in ``rank_order``).
 
-    The parts are taken in the order of their first window; parts whose window ranges overlap are
-    read and sorted together, every other part alone, so at most one such group is in memory.
-    ``key`` must start with the window column (``seq``). ``empty`` is written when there are no parts.
+    The windows are taken in ranges as wide as the widest part (``last - first + 1``); for each
+    range, the rows of that range are read from every part that reaches into it and sorted, so at
+    most one range's rows are in memory. ``key`` must start with the window column (``seq``).
+    ``empty`` is written when there are no parts.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    groups: list[list[Path]] = []
-    last = -1
-    for part in sorted(parts, key=part_windows):
-        first, end = part_windows(part)
-        if groups and first <= last:
-            groups[-1].append(part)
-        else:
-            groups.append([part])
-        last = max(last, end)
-    if not groups:
+    spans = sorted((part_windows(p), p) for p in parts)
+    if not spans:
         frame = empty if empty is not None else pd.DataFrame()
         write_atomic(path, lambda p: frame.to_parquet(p, index=False))
         return RowsOnDisk(path, 0, 0)
     order = pa.array(list(rank_order))
     n_rows, layers = 0, set()
+    width = max(end - first + 1 for (first, end), _ in spans)
+    start, stop = spans[0][0][0], max(end for (_, end), _ in spans)
+
+    def ranges() -> Iterator[pa.Table]:
+        """The rows of windows ``[a, a + width)``, for every ``a`` from the first window to the last."""
+        window, following, reaching = key[0], 0, []
+        for a in range(start, stop + 1, width):
+            b = a + width
+            while following < len(spans) and spans[following][0][0] < b:
+                reaching.append(spans[following])
+                following += 1
+            reaching = [(windows, p) for windows, p in reaching if windows[1] >= a]
+            if reaching:
+                filters = [(window, ">=", a), (window, "<", b)]
+                yield pa.concat_tables([pq.read_table(p, filters=filters) for _, p in reaching])
 
     def write(target: Path) -> None:
         nonlocal n_rows
         writer = None
         try:
-            for group in groups:
-                table = pa.concat_tables([pq.read_table(p) for p in group])
+            for table in ranges():
                 sort_keys = []
                 for column in key:
                     if column == "rank_by":

@@ -211,11 +211,14 @@ class RunStore:
         frames = [self._read_part(name) for name in self.progress["parts"]]
         return pd.concat(frames, ignore_index=True) if frames else empty
 
+    def part_paths(self) -> list[Path]:
+        """The files of the saved parts, in the order they were written."""
+        return [self.parts_dir / name for name in self.progress["parts"]]
+
     def merge_rows(self, key: list[str], rank_order: list[str], empty: pd.DataFrame) -> RowsOnDisk:
-        """Every saved row in ``key`` order, written to ``ROWS_FILE`` one part at a time (not held in memory)."""
-        return merge_parts(
-            [self.parts_dir / name for name in self.progress["parts"]], self.dir / ROWS_FILE, key, rank_order, empty
-        )
+        """Every saved row in ``key`` order, written to ``ROWS_FILE`` one range of windows at a time
+        (not held in memory)."""
+        return merge_parts(self.part_paths(), self.dir / ROWS_FILE, key, rank_order, empty)
 
     # ------------------------------------------------------------------ writing
     def write(self, seq_ids: list[int], table: pd.DataFrame, states: dict[str, dict]) -> None:

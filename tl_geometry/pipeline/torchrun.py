@@ -1,9 +1,12 @@
 """Many processes under ``torchrun``: disjoint shards of the windows, one merged result.
 
 Rank ``r`` of ``W`` (:meth:`World.from_env`) analyses the windows ``i`` with ``i % W == r``
-(:func:`shard_windows`) into its own resumable store; rank 0 then gathers the rows and merges the
-accumulators into one set of tables. The rows equal a single-process run's; tables of sums agree to
-rounding. Details (process groups, store layout, resume after a lost rank): docs/scaling.md.
+(:func:`shard_windows`) into its own resumable store. The ranks then meet once (their timings),
+leave the process group together, and rank 0 alone merges the stores from disk: the rows one range
+of windows at a time (:func:`~tl_geometry.io.rows_on_disk.merge_parts`), the accumulators from their
+saved states. No rank holds the whole table, and no rank is still talking when another one exits.
+The rows equal a single-process run's; the tables of merged moments agree to rounding. Details
+(process groups, store layout, resume after a lost rank): docs/scaling.md.
 
 Examples
 --------
@@ -17,7 +20,6 @@ True
 
 from __future__ import annotations
 
-import io
 import os
 import re
 from contextlib import contextmanager
@@ -25,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-import pandas as pd
 import torch
 import torch.distributed as dist
 
@@ -114,8 +115,20 @@ class World:
             dist.barrier()
 
     def stop(self) -> None:
+        """Leave the process group (nothing once left)."""
         if dist.is_initialized():
             dist.destroy_process_group()
+
+    def finish(self) -> None:
+        """Every rank leaves the process group at the same point: a barrier, then :meth:`stop`.
+
+        The last collective is over on every rank before any of them tears its connections down, so
+        no rank exits (or tears down gloo) while a peer still waits on it; what follows (rank 0's
+        merge from disk, the report) needs no process group.
+        """
+        if dist.is_initialized():
+            dist.barrier()
+            self.stop()
 
     @contextmanager
     def session(self, device: torch.device) -> Iterator["World"]:
@@ -136,10 +149,10 @@ class World:
         dist.all_gather_object(out, part)
         return {key: value for other in out for key, value in other.items()}
 
-    def gather(self, payload: Any) -> list[Any] | None:
-        """Every rank's ``payload`` on rank 0 (in rank order), None on the others."""
-        out = [None] * self.size if self.is_main else None
-        dist.gather_object(payload, out, dst=0)
+    def all_gather(self, payload: Any) -> list[Any]:
+        """Every rank's (small) ``payload``, in rank order, on every rank (``all_gather_object``)."""
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, payload)
         return out
 
 
@@ -167,13 +180,17 @@ def run_sharded(plan: Any, progress: Path, world: World, *, show_progress: bool 
     """Analyse this rank's shard of ``plan``'s windows into its store, then merge on rank 0.
 
     Returns the merged :class:`~tl_geometry.pipeline.result.AnalysisResult` on rank 0 and None on the
-    other ranks. Every rank must call it (it gathers).
+    other ranks. Every rank must call it: the ranks exchange their timings, then leave the process
+    group together (:meth:`World.finish`), and rank 0 reads every rank's store from ``progress``
+    (a folder every rank can reach: a shared file system when the ranks are on several nodes).
     """
     import time
 
     from tl_geometry.capture.tables import empty_table
-    from tl_geometry.io.store import RunStore
+    from tl_geometry.io.rows_on_disk import merge_parts
+    from tl_geometry.io.store import ROWS_FILE, RunStore
     from tl_geometry.pipeline.loop import Wiring, assemble, run_batches
+    from tl_geometry.pipeline.result import ROW_ORDER
 
     start = time.perf_counter()
     store = RunStore(world.shard_dir(progress), plan.identity(), resume=True)
@@ -182,20 +199,22 @@ def run_sharded(plan: Any, progress: Path, world: World, *, show_progress: bool 
     done = store.done_seqs()
     todo = [i for i in shard_windows(plan.n_seqs, world.rank, world.size) if i not in done]
     _, analysis_s = run_batches(plan, wiring, store, todo, show_progress and world.is_main, initial=len(done))
-    table = store.read(empty_table(wiring.columns()))
     total_s = time.perf_counter() - start
-    payload = {"rows": _to_parquet(table), "states": wiring.states(), "analysis_s": analysis_s, "total_s": total_s}
-    gathered = world.gather(payload)
-    if gathered is None:
+    gathered = world.all_gather({"analysis_s": analysis_s, "total_s": total_s})
+    world.finish()
+    if not world.is_main:
         return None
     merged = Wiring.build(plan)
-    for part in gathered:
+    parts = []
+    for rank in range(world.size):
+        shard = RunStore(progress / SHARD_PATTERN.format(rank=rank, size=world.size), plan.identity(), resume=True)
         other = Wiring.build(plan)
-        other.load_states(part["states"])
+        other.load_states(shard.states)
         for name, acc in merged.accumulators.items():
             acc.merge(other.accumulators[name])
-    tables = [_from_parquet(part["rows"]) for part in gathered]
-    rows = pd.concat([t for t in tables if len(t)], ignore_index=True) if any(len(t) for t in tables) else tables[0]
+        parts.extend(shard.part_paths())
+    empty = empty_table(wiring.columns())
+    rows = merge_parts(parts, progress / ROWS_FILE, ROW_ORDER, list(plan.settings.rank_by), empty)
     timings = {
         "total_s": max(p["total_s"] for p in gathered),
         "analysis_s": sum(p["analysis_s"] for p in gathered) / world.size,
@@ -203,16 +222,6 @@ def run_sharded(plan: Any, progress: Path, world: World, *, show_progress: bool 
     }
     timings["forward_s"] = timings["total_s"] - timings["analysis_s"]
     return assemble(plan, merged, rows, timings)
-
-
-def _to_parquet(table: pd.DataFrame) -> bytes:
-    buffer = io.BytesIO()
-    table.to_parquet(buffer, index=False)
-    return buffer.getvalue()
-
-
-def _from_parquet(data: bytes) -> pd.DataFrame:
-    return pd.read_parquet(io.BytesIO(data))
 
 
 __all__ = ["World", "check_shards", "has_progress", "run_sharded", "shard_windows"]

@@ -1,0 +1,129 @@
+"""Peak memory of rank 0 under ``torchrun --nproc-per-node=2`` (gloo, CPU), at two numbers of windows.
+
+Each rank writes its rows to its own store; rank 0 merges the stores from disk one range of windows
+at a time, so its peak RSS should not grow with the number of windows (target: growth from
+``--windows 8`` to ``64`` <= 100 MiB). Rank 0's peak RSS (``ru_maxrss``) is written at exit by a
+``sitecustomize`` hook that this benchmark puts on ``PYTHONPATH``; the package carries no hook.
+
+The default model is a random LLaMA with SmolLM2's heads but 2 layers and ``d_head = 8`` (saved to
+a temporary folder, no download), with every query position of ``--seq-len`` tokens and the CLI's
+default tables, so each window adds tens of thousands of rows; ``--model smollm2-135m`` runs the
+real model.
+
+Run:  python benchmarks/bench_memory.py                   (a few minutes on 2 shared cores)
+      python benchmarks/bench_memory.py --windows 8,64 --seq-len 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+HOOK = """
+import atexit, os, resource
+if os.environ.get("RANK") == "0" and os.environ.get("TLG_BENCH_RSS_FILE"):
+    import tl_geometry.pipeline.torchrun as _torchrun
+    _peaks = {}
+    _run_sharded = _torchrun.run_sharded
+    def run_sharded(*args, **kwargs):
+        result = _run_sharded(*args, **kwargs)
+        _peaks["merged"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+        return result
+    _torchrun.run_sharded = run_sharded
+    def _write():
+        _peaks["exit"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        with open(os.environ["TLG_BENCH_RSS_FILE"], "w") as f:
+            f.write(f"{_peaks.get('merged', -1)} {_peaks['exit']}")
+    atexit.register(_write)
+"""
+
+
+def random_llama(folder: Path) -> Path:
+    """A random LLaMA with SmolLM2-135M's heads (9 heads, 3 kv heads) but d_head 8 and 2 layers: the
+    rows per window are SmolLM2's per layer, the forward pass far cheaper."""
+    import torch
+    import transformers
+
+    from tl_geometry.testing import byte_tokenizer
+
+    torch.manual_seed(0)
+    tokenizer = byte_tokenizer()
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=72,
+        intermediate_size=144,
+        num_hidden_layers=2,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=2048,
+        attn_implementation="eager",
+    )
+    transformers.LlamaForCausalLM(config).eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def peak_rss_mib(model: str, n_windows: int, seq_len: int, batch_size: int, work: Path) -> tuple[float, float, int]:
+    """Rank 0's peak RSS (MiB) up to the end of the merge and up to its exit (tables, head labels and
+    report included), and the run's rows, for one torchrun run of ``n_windows`` windows."""
+    rss_file = work / f"rss-{n_windows}.txt"
+    out = work / f"run-{n_windows}"
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(work / "hook"), str(REPO), env.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TLG_BENCH_RSS_FILE=str(rss_file),
+    )
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += ["-m", "tl_geometry", "run", "--model", model, "--n-seqs", str(n_windows), "--seq-len", str(seq_len)]
+    command += ["--query-stride", "1", "--batch-size", str(batch_size), "--no-progress", "--out", str(out)]
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"torchrun failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    import pyarrow.parquet as pq
+
+    rows = pq.read_metadata(out / "separability.parquet").num_rows
+    merged, at_exit = (int(x) / 1024 for x in rss_file.read_text().split())
+    return merged, at_exit, rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--windows", default="8,64", help="two numbers of windows (default 8,64)")
+    parser.add_argument("--seq-len", type=int, default=32, help="tokens per window (default 32)")
+    parser.add_argument("--batch-size", type=int, default=4, help="windows per batch (default 4)")
+    parser.add_argument("--model", default=None, help="a model for --model (default: a random 2-layer LLaMA)")
+    args = parser.parse_args()
+    counts = [int(w) for w in args.windows.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        (work / "hook").mkdir()
+        (work / "hook" / "sitecustomize.py").write_text(HOOK)
+        model = args.model or str(random_llama(work / "model"))
+        results = {}
+        for n in counts:
+            merged, at_exit, rows = peak_rss_mib(model, n, args.seq_len, args.batch_size, work)
+            load = os.getloadavg()
+            results[n] = {"peak_merged_mib": round(merged, 1), "peak_exit_mib": round(at_exit, 1), "rows": rows}
+            results[n]["load_average"] = load
+            print(f"{n:4d} windows, {rows} rows: rank 0 peak RSS {merged:7.1f} MiB through the merge, "
+                  f"{at_exit:7.1f} MiB at exit (load {load[0]:.1f})")  # fmt: skip
+    first, last = results[counts[0]], results[counts[-1]]
+    growth = last["peak_merged_mib"] - first["peak_merged_mib"]
+    growth_exit = last["peak_exit_mib"] - first["peak_exit_mib"]
+    print(f"growth {counts[0]} -> {counts[-1]} windows through the merge: {growth:+.1f} MiB (target <= 100 MiB)")
+    print(f"growth {counts[0]} -> {counts[-1]} windows at exit (head labels, report): {growth_exit:+.1f} MiB")
+    summary = {"windows": results, "growth_mib": round(growth, 1), "growth_exit_mib": round(growth_exit, 1)}
+    print(json.dumps({**summary, "model": args.model or "random-llama-2l"}))
+
+
+if __name__ == "__main__":
+    main()
