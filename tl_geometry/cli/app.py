@@ -12,6 +12,7 @@ Errors a user can fix are one line on stderr and exit code 2; Ctrl-C exits with 
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from typing import NoReturn
 
@@ -51,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except OSError as exc:  # a file system that refuses a write: say which file, not a traceback
         where = f" ({exc.filename})" if exc.filename else ""
-        print(f"tl-geometry: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        advice = "; free some space, then run the command again" if exc.errno == errno.ENOSPC else ""
+        print(f"tl-geometry: error: {exc.strerror or exc}{where}{advice}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("tl-geometry: interrupted", file=sys.stderr)

@@ -1,4 +1,8 @@
-"""Writing files so that an interruption never leaves a half-written one: write aside, then rename."""
+"""Writing files so that an interruption never leaves a half-written one: write aside, then rename.
+
+A write that fails (a full disk, a refused permission, an exception in the writer) removes its
+temporary file; a failing file system's :class:`OSError` names the file that was being written.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,9 @@ from typing import Any, Callable
 def write_atomic(path: str | Path, write: Callable[[Path], Any]) -> Path:
     """Call ``write(tmp)`` on ``path + ".tmp"``, then rename it to ``path`` (atomic on one file system).
 
-    A reader sees either the old file or the complete new one; an interruption leaves at most the
-    temporary file, which the next write replaces.
+    A reader sees either the old file or the complete new one. A write that fails removes the
+    temporary file and raises (an :class:`OSError` with ``filename`` set to ``path``); only a killed
+    process leaves it behind, and the next write replaces it.
 
     Parameters
     ----------
@@ -29,8 +34,14 @@ def write_atomic(path: str | Path, write: Callable[[Path], Any]) -> Path:
     """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    tmp.replace(path)
+    try:
+        write(tmp)
+        tmp.replace(path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):  # name the file: pyarrow, numpy and torch often do not
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+        raise
     return path
 
 
