@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -39,6 +40,7 @@ from tl_geometry.errors import InputError
 from tl_geometry.intervention.context import top_n_attention
 from tl_geometry.intervention.loss import LossSum, check_windows, corpus_nll
 from tl_geometry.io.files import write_json_atomic
+from tl_geometry.io.lock import RunLock
 from tl_geometry.io.store import StoreError, model_fingerprint, tokens_sha256
 from tl_geometry.models import describe_model
 
@@ -281,65 +283,73 @@ def sparsification_curve(
         "seq_len": seq_len,
         "seed": seed,
     }
-    store = _CurveStore(None if out_dir is None else Path(out_dir), identity, resume, world is None or world.is_main)
-    shard: dict[str, Any] = {}
-    if world is not None:
-        from tl_geometry.pipeline.torchrun import shard_windows
+    writes = world is None or world.is_main
 
-        shard = {"windows": shard_windows(int(tokens.shape[0]), world.rank, world.size), "gather": world.merge_dicts}
-    with top_n_attention(
-        model, n=1, rank_by=rankings[0]
-    ):  # refuses a model that ignores pattern edits, before any pass
-        pass
-    if store.full is None:
-        full = corpus_nll(model, tokens, batch_size, progress, desc="full model", **shard)
-        store.full = {"total": full.total, "n_tokens": full.n_tokens}
-        store.save()
-    full = LossSum(**store.full)
+    def locked() -> Any:
+        """``out_dir``'s lock (nested holds of one process are counted), where this process writes."""
+        return RunLock(out_dir) if out_dir is not None and writes else nullcontext()
 
-    grid = [(r, f, n) for r in rankings for f in flags for n in sizes]
-    todo = sum(1 for r, f, n in grid if n < seq_len and store.lookup(r, f, n) is None)
-    # one bar over the grid's forward passes: passes left and the time they will take
-    passes = tqdm(total=todo, desc="curve passes", unit="pass", disable=not progress or not todo)
+    with locked():
+        store = _CurveStore(None if out_dir is None else Path(out_dir), identity, resume, writes)
+        shard: dict[str, Any] = {}
+        if world is not None:
+            from tl_geometry.pipeline.torchrun import shard_windows
 
-    def measure(rank_by: str, renorm: bool, n: int, stage: str = "refine") -> dict:
-        row = store.lookup(rank_by, renorm, n)
-        if row is not None:
-            return {**row, "stage": stage if row.get("stage") is None else row["stage"]}
-        if n >= seq_len:
-            loss = full
-        else:
-            with top_n_attention(model, n=n, rank_by=rank_by, renormalize=renorm, seed=seed) as state:
+            shard = {"windows": shard_windows(int(tokens.shape[0]), world.rank, world.size), "gather": world.merge_dicts}
+        with top_n_attention(
+            model, n=1, rank_by=rankings[0]
+        ):  # refuses a model that ignores pattern edits, before any pass
+            pass
+        if store.full is None:
+            full = corpus_nll(model, tokens, batch_size, progress, desc="full model", **shard)
+            store.full = {"total": full.total, "n_tokens": full.n_tokens}
+            store.save()
+        full = LossSum(**store.full)
 
-                def set_ids(seq_ids: torch.Tensor) -> None:
-                    state.seq_ids = seq_ids
+        grid = [(r, f, n) for r in rankings for f in flags for n in sizes]
+        todo = sum(1 for r, f, n in grid if n < seq_len and store.lookup(r, f, n) is None)
+        # one bar over the grid's forward passes: passes left and the time they will take
+        passes = tqdm(total=todo, desc="curve passes", unit="pass", disable=not progress or not todo)
 
-                desc = f"{rank_by}{' renorm' if renorm else ''} N={n}"
-                in_grid = stage == "grid"
-                if in_grid:
-                    passes.set_postfix_str(desc, refresh=False)
-                shown = progress and not in_grid  # a refinement pass (after the grid) shows its own bar
-                loss = corpus_nll(model, tokens, batch_size, shown, desc=desc, before_batch=set_ids, **shard)
-                if in_grid:
-                    passes.update()
-        row = {
-            "rank_by": rank_by,
-            "renormalize": renorm,
-            "n": n,
-            "nll": loss.nll,
-            "nll_full": full.nll,
-            "delta_nll_rel": (loss.nll - full.nll) / full.nll,
-            "n_tokens": loss.n_tokens,
-            "stage": stage,
-        }
-        store.rows.append(row)
-        store.save()
-        return row
+        def measure(rank_by: str, renorm: bool, n: int, stage: str = "refine") -> dict:
+            row = store.lookup(rank_by, renorm, n)
+            if row is not None:
+                return {**row, "stage": stage if row.get("stage") is None else row["stage"]}
+            if n >= seq_len:
+                loss = full
+            else:
+                with top_n_attention(model, n=n, rank_by=rank_by, renormalize=renorm, seed=seed) as state:
 
-    try:
-        rows = [measure(r, f, n, "grid") for r, f, n in grid]
-    finally:
-        passes.close()
+                    def set_ids(seq_ids: torch.Tensor) -> None:
+                        state.seq_ids = seq_ids
+
+                    desc = f"{rank_by}{' renorm' if renorm else ''} N={n}"
+                    in_grid = stage == "grid"
+                    if in_grid:
+                        passes.set_postfix_str(desc, refresh=False)
+                    shown = progress and not in_grid  # a refinement pass (after the grid) shows its own bar
+                    loss = corpus_nll(model, tokens, batch_size, shown, desc=desc, before_batch=set_ids, **shard)
+                    if in_grid:
+                        passes.update()
+            row = {
+                "rank_by": rank_by,
+                "renormalize": renorm,
+                "n": n,
+                "nll": loss.nll,
+                "nll_full": full.nll,
+                "delta_nll_rel": (loss.nll - full.nll) / full.nll,
+                "n_tokens": loss.n_tokens,
+                "stage": stage,
+            }
+            store.rows.append(row)
+            with locked():  # a size measured after this call returned (refinement) is saved under the lock too
+                store.save()
+            return row
+
+        try:
+            rows = [measure(r, f, n, "grid") for r, f, n in grid]
+        finally:
+            passes.close()
     table = pd.DataFrame(rows, columns=CURVE_COLUMNS)
     config = {**identity, "ns": sizes, "rank_by": list(rankings), "renormalize": list(flags), "batch_size": batch_size}
     return SparsificationCurve(table=table, nll_full=full.nll, config=config, _measure=measure)

@@ -10,6 +10,7 @@ model, windows and settings resumes where an interrupted one stopped.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -17,6 +18,7 @@ import torch
 from torch import Tensor
 
 from tl_geometry.corpus import Corpus, TokenCorpus
+from tl_geometry.io.lock import RunLock
 from tl_geometry.pipeline.loop import run_analysis
 from tl_geometry.pipeline.plan import place_model, plan_analysis
 from tl_geometry.pipeline.result import AnalysisResult
@@ -59,7 +61,8 @@ def analyze(
         it the rows are kept in memory, about 160 bytes a row (250 with ``bounds``) for
         ``n_seqs x layers x heads x query positions x |ns| x rankings`` rows: 3.5 MB for 8 windows
         of SmolLM2 with the defaults, 512 times that with every query position of 512 tokens.
-        Give ``out_dir`` for runs beyond memory.
+        Give ``out_dir`` for runs beyond memory. The directory is locked while the call runs: one that another process is using is refused
+        (:class:`~tl_geometry.io.lock.RunLock`).
     resume : bool, default True
         With ``out_dir``: continue a previous run instead of refusing to overwrite it.
     progress : bool, default True
@@ -74,9 +77,10 @@ def analyze(
     AnalysisResult
     """
     settings = combine_settings(settings, overrides, "analyze(model, corpus, ns=...)")
-    model = place_model(model, device)
-    plan = plan_analysis(model, corpus, settings)
-    return run_analysis(plan, out_dir=out_dir, resume=resume, progress=progress)
+    with RunLock(out_dir) if out_dir is not None else nullcontext():
+        model = place_model(model, device)
+        plan = plan_analysis(model, corpus, settings)
+        return run_analysis(plan, out_dir=out_dir, resume=resume, progress=progress)
 
 
 analyze.__doc__ = fill_settings_doc(analyze.__doc__)
