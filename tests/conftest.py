@@ -41,6 +41,7 @@ SLOW_TESTS = {
     "pipeline/test_distributed.py::test_torchrun_smollm2_equals_one_process": "starts torchrun",
     "pipeline/test_distributed.py::test_torchrun_sparsify_equals_one_process": "starts torchrun",
     "report/test_report_browser.py::test_report_renders_offline_in_chromium": "drives Chromium",
+    "cli/test_run_dir.py::test_torchrun_group_is_refused_together": "starts torchrun",
 }
 TESTS = Path(__file__).resolve().parent
 

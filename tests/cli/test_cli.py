@@ -107,7 +107,7 @@ def test_run_writes_tables_report_and_resumes(tmp_path, capsys, tiny_cli, monkey
     code, out_text, _ = run(["report", str(out)], capsys)
     assert code == 0 and (out / "index.html").is_file()
     assert "<script" in (out / "index.html").read_text()
-    # --force replaces the directory
-    (out / "stray.txt").write_text("from an older run")
+    # --force replaces the directory (what tl-geometry wrote: a table of an older run goes too)
+    (out / "stray.parquet").write_text("from an older run")
     code, _, _ = run(args + ["--force"], capsys)
-    assert code == 0 and not (out / "stray.txt").exists() and (out / "index.html").is_file()
+    assert code == 0 and not (out / "stray.parquet").exists() and (out / "index.html").is_file()

@@ -8,14 +8,19 @@
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
+import os
 import shlex
 import shutil
+import stat
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from tl_geometry.errors import TLGeometryError
 from tl_geometry.io.files import write_json_atomic
+from tl_geometry.io.lock import HOLDER_FILE, LOCK_FILE, RunLock
 
 if TYPE_CHECKING:  # pandas, imported by torchrun, loads only with a command
     from tl_geometry.pipeline.torchrun import World
@@ -119,13 +124,17 @@ def add_out_options(parser: argparse.ArgumentParser, default: str, what: str) ->
 
 
 def is_run_dir(out: Path) -> bool:
-    """Whether ``out`` was written by ``tl-geometry`` (it holds :data:`MARKER_FILE`)."""
-    return (out / MARKER_FILE).is_file()
+    """Whether ``out`` was written by ``tl-geometry`` (it holds :data:`MARKER_FILE`, a file: a link is no marker)."""
+    try:
+        return stat.S_ISREG((out / MARKER_FILE).lstat().st_mode)
+    except OSError:
+        return False
 
 
 def holds_results(out: Path) -> bool:
-    """Whether ``out`` holds anything besides the marker (a run that failed before its first batch holds only that)."""
-    return out.is_dir() and any(p.name != MARKER_FILE for p in out.iterdir())
+    """Whether ``out`` holds anything besides the marker and the lock (a run that failed before its
+    first batch holds only those)."""
+    return out.is_dir() and any(p.name not in (MARKER_FILE, LOCK_FILE, HOLDER_FILE) for p in out.iterdir())
 
 
 def has_saved_run(out: Path) -> bool:
@@ -133,6 +142,56 @@ def has_saved_run(out: Path) -> bool:
     from tl_geometry.pipeline.torchrun import has_progress
 
     return has_progress(out / "progress")
+
+
+def out_path(args: argparse.Namespace, what: str = "run", example: str = "runs/my-run") -> Path:
+    """The directory of ``--out``, checked as far as it can be without touching it.
+
+    A symbolic link is followed: the command works in (and ``--force`` empties) the directory it
+    points to, never deleting the link; a link to nothing is refused, naming its target.
+    """
+    if not args.out.strip():
+        raise TLGeometryError(f"--out is empty: give the directory to write the {what} to, e.g. --out {example}")
+    out = Path(args.out).expanduser()
+    if out.is_symlink():
+        target = out.resolve()
+        if not target.exists():
+            raise TLGeometryError(
+                f"--out {out} is a symbolic link to {target}, which does not exist: create it or choose another --out"
+            )
+        out = target
+    if out.exists() and not out.is_dir():
+        raise TLGeometryError(f"--out {out} is a file, not a directory")
+    return out
+
+
+@contextmanager
+def locked_out(out: Path, args: argparse.Namespace, world: World | None = None) -> Iterator[RunLock]:
+    """Hold ``out``'s :class:`~tl_geometry.io.lock.RunLock` while the command runs; call it before
+    any expensive work (the model, the corpus), right after :func:`out_path`.
+
+    A directory another process holds is refused with one line naming that process. Under torchrun
+    (``world``, started) rank 0 takes the lock for the group and every rank learns the outcome: if
+    rank 0 cannot, every rank raises the same error.
+    """
+    lock = RunLock(out, command_line(args), use_instead="another --out")
+    refused = None
+    if world is None or world.is_main:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            lock.acquire()
+        except OSError as exc:
+            refused = f"cannot write to --out {out}: {exc.strerror or exc}; choose another --out"
+        except TLGeometryError as exc:
+            refused = str(exc)
+    if world is not None:
+        refused = world.share(refused)
+    if refused is not None:
+        raise TLGeometryError(refused)
+    try:
+        yield lock
+    finally:
+        lock.release()
 
 
 def check_out(
@@ -146,13 +205,9 @@ def check_out(
     """``--out`` with ``--resume`` / ``--force`` checked for a command that writes a ``what``; nothing is deleted here.
 
     ``saved(out)`` says whether ``out`` holds something ``--resume`` can continue (``nothing_saved``
-    says what is missing otherwise).
+    says what is missing otherwise). Call it holding the lock (:func:`locked_out`).
     """
-    if not args.out.strip():
-        raise TLGeometryError(f"--out is empty: give the directory to write the {what} to, e.g. --out {example}")
-    out = Path(args.out).expanduser()
-    if out.exists() and not out.is_dir():
-        raise TLGeometryError(f"--out {out} is a file, not a directory")
+    out = out_path(args, what, example)
     if args.force and holds_results(out):
         check_replaceable(out)
     elif holds_results(out) and not args.resume:
@@ -169,7 +224,8 @@ def check_out(
 
 
 def check_replaceable(out: Path) -> None:
-    """Refuse ``--force`` on anything but a run directory, and always on ``/``, home and the working directory."""
+    """Refuse ``--force`` on anything but a run directory holding only what tl-geometry writes
+    (:data:`WRITTEN_FILES`), and always on ``/``, home and the working directory."""
     target = out.resolve()
     cwd = Path.cwd().resolve()
     if target == Path(target.anchor) or target == Path.home().resolve() or cwd.is_relative_to(target):
@@ -181,13 +237,81 @@ def check_replaceable(out: Path) -> None:
             f"--force replaces only a directory written by tl-geometry run (it holds {MARKER_FILE}); {out} does not: "
             "choose another --out"
         )
+    foreign = first_foreign_file(out)
+    if foreign is not None:
+        raise TLGeometryError(
+            f"--force will not delete {foreign}: tl-geometry did not write it; move it out of {out} "
+            "(or delete it yourself), or choose another --out"
+        )
+
+
+#: What the commands write in a run directory, as glob patterns relative to it (``*`` within one
+#: name). ``--force`` empties a directory only if every file and folder in it matches (a new
+#: command that writes other names adds them here); a symbolic link never matches.
+WRITTEN_FILES = tuple(
+    name
+    for pattern in (
+        MARKER_FILE,
+        LOCK_FILE,
+        HOLDER_FILE,
+        "*.parquet",
+        "*.html",
+        "*.csv",
+        "run.json",
+        "result.json",
+        "curve.json",
+        "tokens.npy",
+        *(
+            f"{store}/{file}"
+            for store in ("progress", "progress/shard-*")
+            for file in ("progress.json", "separability.parquet", "separability/part-*.parquet", "state/*.pt")
+        ),
+    )
+    for name in (pattern, f"{pattern}.tmp")
+)
+#: The folders of :data:`WRITTEN_FILES`.
+WRITTEN_DIRS = tuple(
+    f"{store}{sub}" for store in ("progress", "progress/shard-*") for sub in ("", "/separability", "/state")
+)
+
+
+def _written(relative: str, patterns: tuple[str, ...]) -> bool:
+    parts = relative.split("/")
+    return any(
+        len(p := pattern.split("/")) == len(parts) and all(map(fnmatch.fnmatchcase, parts, p)) for pattern in patterns
+    )
+
+
+def first_foreign_file(out: Path) -> Path | None:
+    """The first file or folder in ``out`` (sorted, top down) that tl-geometry does not write
+    (:data:`WRITTEN_FILES`, :data:`WRITTEN_DIRS`), or None."""
+    for root, dirs, files in os.walk(out):
+        dirs.sort()
+        here = Path(root)
+        relative = here.relative_to(out).as_posix()
+        prefix = "" if relative == "." else f"{relative}/"
+        for name in sorted([*files, *dirs]):
+            patterns = WRITTEN_DIRS if name in dirs else WRITTEN_FILES
+            if (here / name).is_symlink() or not _written(prefix + name, patterns):
+                return here / name
+    return None
 
 
 def claim_out(out: Path, args: argparse.Namespace) -> None:
-    """Create ``out`` (replacing it with ``--force``) and mark it as a run directory."""
+    """Create ``out`` (emptied with ``--force``: only what tl-geometry wrote, checked again now) and mark it.
+
+    ``out`` itself is never deleted, only its contents: the lock it holds stays in place.
+    """
     try:
         if args.force and holds_results(out):
-            shutil.rmtree(out)
+            check_replaceable(out)  # nothing foreign appeared while the model loaded
+            for entry in sorted(out.iterdir()):
+                if entry.name in (LOCK_FILE, HOLDER_FILE):
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
         out.mkdir(parents=True, exist_ok=True)
         if not is_run_dir(out) or args.force:
             write_json_atomic(out / MARKER_FILE, {"command": command_line(args)})
@@ -224,6 +348,8 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_USAGE",
     "MARKER_FILE",
+    "WRITTEN_DIRS",
+    "WRITTEN_FILES",
     "add_out_options",
     "add_source_options",
     "check_out",
@@ -233,10 +359,13 @@ __all__ = [
     "command_line",
     "corpus_from_args",
     "device_from_args",
+    "first_foreign_file",
     "has_saved_run",
     "holds_results",
     "is_run_dir",
+    "locked_out",
     "marked_command",
+    "out_path",
     "parse_ints",
     "parse_names",
     "resume_command",

@@ -8,11 +8,14 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 from typing import Any
 
-from tl_geometry.cli.common import marked_command, resume_command
+from tl_geometry.cli.common import command_line, has_saved_run, is_run_dir, marked_command, resume_command
+from tl_geometry.cli.sparsify import CURVE_FILE
 from tl_geometry.errors import TLGeometryError
+from tl_geometry.io.lock import RunLock
 
 
 def add_parser(sub: Any) -> None:
@@ -29,14 +32,37 @@ def report_command(args: argparse.Namespace) -> int:
     src = Path(args.dir)
     if not src.is_dir():
         raise TLGeometryError(f"{src} is not a directory: give the --out directory of a `tl-geometry run`")
-    if not (src / "result.json").is_file() and (src / "progress" / "progress.json").is_file():
+    with RunLock(src, command_line(args), use_instead="a finished run's directory"):
+        check_finished(src)
+        check_saved_tables(src)
+        page = build_report(src, src)
+    print(f"wrote {page}")
+    return 0
+
+
+def check_finished(src: Path) -> None:
+    """``src`` holds the result of a finished ``tl-geometry run`` (else one line saying what to run)."""
+    if (src / "result.json").is_file():
+        return
+    if has_saved_run(src):
         raise TLGeometryError(
             f"{src} holds an interrupted run and no result yet: finish it with `{resume_command(marked_command(src), src)}`"
         )
-    check_saved_tables(src)
-    page = build_report(src, src)
-    print(f"wrote {page}")
-    return 0
+    if (src / CURVE_FILE).is_file():
+        raise TLGeometryError(
+            f"{src} holds a curve of `tl-geometry sparsify`, whose report (index.html) sparsify writes itself: "
+            "give the --out directory of a finished `tl-geometry run`"
+        )
+    if is_run_dir(src):
+        command = marked_command(src)
+        again = f"`{shlex.join(command)}`" if command else "the command that started it"
+        raise TLGeometryError(
+            f"{src} holds no result (no result.json): its run stopped before saving any window; run {again} again"
+        )
+    raise TLGeometryError(
+        f"{src} holds no result of tl-geometry run (no result.json): give the --out directory of a finished "
+        "`tl-geometry run`"
+    )
 
 
 def check_saved_tables(src: Path) -> None:
@@ -55,4 +81,4 @@ def check_saved_tables(src: Path) -> None:
             ) from None
 
 
-__all__ = ["add_parser", "check_saved_tables", "report_command"]
+__all__ = ["add_parser", "check_finished", "check_saved_tables", "report_command"]

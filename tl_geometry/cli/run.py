@@ -33,6 +33,9 @@ from tl_geometry.cli.common import (
     command_line,
     corpus_from_args,
     device_from_args,
+    is_run_dir,
+    locked_out,
+    out_path,
     parse_ints,
     parse_names,
     resume_command,
@@ -194,20 +197,31 @@ def add_parser(sub: Any) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     """``tl-geometry run``: every option checked, then the analysis (sharded under torchrun), tables and report."""
-    from tl_geometry.pipeline.torchrun import World, check_shards
+    from tl_geometry.pipeline.torchrun import World
 
     world = World.sharding_from_env()
     settings = settings_from_args(args)
     device = device_from_args(args, world)
-    out = check_out(args)
-    if world is not None and not args.force:
-        check_shards(out / "progress", world.size)
-    corpus = corpus_from_args(args)
-    if world is not None:
-        import torch
+    out = out_path(args)
+    if world is None:
+        with locked_out(out, args):
+            return _checked_run(args, settings, device, out, world)
+    import torch
 
-        with world.session(device or torch.device("cpu")):
-            return _run(args, settings, device, out, corpus, world)
+    with world.session(device or torch.device("cpu")), locked_out(out, args, world):
+        return _checked_run(args, settings, device, out, world)
+
+
+def _checked_run(args: argparse.Namespace, settings: Any, device: Any, out: Path, world: Any) -> int:
+    """``--out`` and the corpus checked (holding the lock), then the run."""
+    from tl_geometry.pipeline.torchrun import check_shards
+
+    check_out(args)
+    if world is not None:
+        if not args.force:
+            check_shards(out / "progress", world.size)
+        world.barrier()  # every rank has checked --out before rank 0 claims it
+    corpus = corpus_from_args(args)
     return _run(args, settings, device, out, corpus, world)
 
 
@@ -215,7 +229,7 @@ def _run(args: argparse.Namespace, settings: Any, device: Any, out: Path, corpus
     import torch
 
     main_process = world is None or world.is_main
-    if main_process and not out.exists():
+    if main_process and not is_run_dir(out):
         claim_out(out, args)  # a path we cannot write to fails now, before the model is loaded
     if world is not None:
         world.barrier()

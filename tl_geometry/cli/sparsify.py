@@ -32,6 +32,8 @@ from tl_geometry.cli.common import (
     claim_out,
     command_line,
     corpus_from_args,
+    locked_out,
+    out_path,
     parse_ints,
     parse_names,
     resume_command,
@@ -133,13 +135,17 @@ def sparsify_command(args: argparse.Namespace) -> int:
     from tl_geometry.pipeline.torchrun import World
 
     options = _options(args)
-    out = _check_out(args)  # every rank, before any of them claims the directory
+    out = out_path(args, "curve", "runs/sparsify")
     world = World.sharding_from_env()
     if world is None:
-        return _sparsify(args, options, out, None)
+        with locked_out(out, args):
+            _check_out(args)
+            return _sparsify(args, options, out, None)
     import torch
 
-    with world.session(torch.device("cpu")):  # a rendezvous: every rank has checked --out by now
+    with world.session(torch.device("cpu")), locked_out(out, args, world):
+        _check_out(args)  # every rank, before any of them claims the directory
+        world.barrier()
         return _sparsify(args, options, out, world)
 
 

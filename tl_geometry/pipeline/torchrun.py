@@ -155,6 +155,18 @@ class World:
         dist.all_gather_object(out, payload)
         return out
 
+    def share(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (``broadcast_object_list``; every rank must call it)."""
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather(self, payload: Any) -> list[Any] | None:
+        """Every rank's ``payload`` on rank 0 (in rank order), None on the others."""
+        out = [None] * self.size if self.is_main else None
+        dist.gather_object(payload, out, dst=0)
+        return out
+
 
 def check_shards(progress: Path, world_size: int) -> None:
     """Refuse to resume shards written by another number of processes (their windows differ)."""
