@@ -228,3 +228,9 @@ def test_report_on_a_run_that_saved_nothing_gives_the_command_not_python(tmp_pat
     code, err = run(["report", str(out)], capsys)
     line = one_error_line(err)
     assert code == 2 and "finished `tl-geometry run`" in line and "result.save" not in line
+
+
+def test_a_refused_command_leaves_no_directory_behind(tmp_path, capsys, no_model) -> None:
+    code, err = run(["run", "--resume", "--out", str(tmp_path / "new"), *SMALL], capsys)
+    assert code == 2 and "--resume" in one_error_line(err)
+    assert not (tmp_path / "new").exists()

@@ -108,3 +108,16 @@ def test_a_file_is_not_a_run_directory(tmp_path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(tlg.InputError, match="is a file"):
         RunLock(tmp_path / "file").acquire()
+
+
+def test_a_directory_made_for_nothing_is_removed_again(tmp_path) -> None:
+    with RunLock(tmp_path / "a" / "run"):
+        pass
+    assert not (tmp_path / "a" / "run").exists() and (tmp_path / "a").is_dir()
+    with RunLock(tmp_path / "b"):
+        (tmp_path / "b" / "result.json").write_text("{}")
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [LOCK_FILE, "result.json"]
+    (tmp_path / "c").mkdir()
+    with RunLock(tmp_path / "c"):  # a directory that was there stays
+        pass
+    assert (tmp_path / "c").is_dir()

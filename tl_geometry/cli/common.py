@@ -174,14 +174,11 @@ def locked_out(out: Path, args: argparse.Namespace, world: World | None = None) 
     (``world``, started) rank 0 takes the lock for the group and every rank learns the outcome: if
     rank 0 cannot, every rank raises the same error.
     """
-    lock = RunLock(out, command_line(args), use_instead="another --out")
+    lock = RunLock(out, command_line(args), use_instead="another --out", name=f"--out {out}")
     refused = None
     if world is None or world.is_main:
         try:
-            out.mkdir(parents=True, exist_ok=True)
             lock.acquire()
-        except OSError as exc:
-            refused = f"cannot write to --out {out}: {exc.strerror or exc}; choose another --out"
         except TLGeometryError as exc:
             refused = str(exc)
     if world is not None:

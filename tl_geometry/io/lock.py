@@ -6,7 +6,8 @@ command, start) in ``DIR/.tl-geometry-lock.json``. A second process is refused a
 line naming the holder; a lock whose holder died is simply taken, and the record rewritten.
 Every command that writes or reads a run directory, ``analyze(out_dir=)`` and
 ``sparsification_curve(out_dir=)`` take it before any expensive work. The same process may take
-the lock of a directory it already holds (the count is kept; the last release frees it).
+the lock of a directory it already holds (the count is kept; the last release frees it). A
+directory the lock created is removed when released if nothing but the lock was written in it.
 
 Examples
 --------
@@ -41,7 +42,7 @@ LOCK_FILE = ".tl-geometry-lock"
 #: Who holds the lock: ``{"pid", "host", "command", "started"}`` (removed when released).
 HOLDER_FILE = ".tl-geometry-lock.json"
 
-_held: dict[Path, tuple[FileLock, int]] = {}  # the directories this process holds, with a count
+_held: dict[Path, tuple[FileLock, int, bool]] = {}  # held here: lock, count, whether the directory was made
 _held_guard = threading.Lock()
 
 
@@ -80,6 +81,8 @@ class RunLock:
         The command recorded for a second process to read (default: this process's ``sys.argv``).
     use_instead : str, default "another output directory"
         What the refusal tells the user to choose instead (``"another --out"`` on the command line).
+    name : str, optional
+        How messages name the directory (default: its path; ``"--out PATH"`` on the command line).
 
     Raises
     ------
@@ -94,25 +97,28 @@ class RunLock:
         directory: str | Path,
         command: Sequence[str] | None = None,
         use_instead: str = "another output directory",
+        name: str | None = None,
     ) -> None:
         self.dir = Path(directory).expanduser()
         self.command = list(command) if command is not None else [Path(sys.executable).name, *sys.argv]
         self.use_instead = use_instead
+        self.name = str(self.dir) if name is None else name
         self._key: Path | None = None
 
     def acquire(self) -> "RunLock":
         """Take the lock (at once or never: no waiting), record the holder, return ``self``."""
         if self.dir.exists() and not self.dir.is_dir():
-            raise InputError(f"{self.dir} is a file, not a directory: choose {self.use_instead}")
+            raise InputError(f"{self.name} is a file, not a directory: choose {self.use_instead}")
+        created = not self.dir.exists()
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise InputError(f"cannot create {self.dir}: {exc.strerror or exc}; choose {self.use_instead}") from None
+            raise InputError(f"cannot write to {self.name}: {exc.strerror or exc}; choose {self.use_instead}") from None
         key = self.dir.resolve()
         with _held_guard:
             if key in _held:  # this process holds it already (a command calling the Python API)
-                lock, count = _held[key]
-                _held[key] = (lock, count + 1)
+                lock, count, made = _held[key]
+                _held[key] = (lock, count + 1, made)
                 self._key = key
                 return self
             lock = FileLock(key / LOCK_FILE, timeout=0)
@@ -120,12 +126,12 @@ class RunLock:
                 lock.acquire()
             except Timeout:
                 raise RunInUse(
-                    f"{self.dir} is in use by another tl-geometry process ({describe_holder(lock_holder(key))}); "
+                    f"{self.name} is in use by another tl-geometry process ({describe_holder(lock_holder(key))}); "
                     f"wait for it to end (or stop it), or choose {self.use_instead}"
                 ) from None
             except OSError as exc:
                 raise InputError(
-                    f"cannot lock {key / LOCK_FILE}: {exc.strerror or exc}; choose {self.use_instead}"
+                    f"cannot lock {self.name} ({LOCK_FILE}): {exc.strerror or exc}; choose {self.use_instead}"
                 ) from None
             holder = {
                 "pid": os.getpid(),
@@ -138,7 +144,7 @@ class RunLock:
             except BaseException:
                 lock.release()
                 raise
-            _held[key] = (lock, 1)
+            _held[key] = (lock, 1, created)
             self._key = key
         return self
 
@@ -148,15 +154,25 @@ class RunLock:
         if key is None:
             return
         with _held_guard:
-            lock, count = _held[key]
+            lock, count, created = _held[key]
             if count > 1:
-                _held[key] = (lock, count - 1)
+                _held[key] = (lock, count - 1, created)
                 return
             del _held[key]
+            empty = False
             try:
                 (key / HOLDER_FILE).unlink(missing_ok=True)
+                # a directory made for a call that failed before writing anything is removed again
+                empty = created and [p.name for p in key.iterdir()] == [LOCK_FILE]
+                if empty:
+                    (key / LOCK_FILE).unlink()
             finally:
                 lock.release()
+            if empty:
+                try:
+                    key.rmdir()
+                except OSError:  # another process made something there meanwhile: leave it
+                    pass
 
     @property
     def held(self) -> bool:
