@@ -295,7 +295,10 @@ def sparsification_curve(
         if world is not None:
             from tl_geometry.pipeline.torchrun import shard_windows
 
-            shard = {"windows": shard_windows(int(tokens.shape[0]), world.rank, world.size), "gather": world.merge_dicts}
+            shard = {
+                "windows": shard_windows(int(tokens.shape[0]), world.rank, world.size),
+                "gather": world.merge_dicts,
+            }
         with top_n_attention(
             model, n=1, rank_by=rankings[0]
         ):  # refuses a model that ignores pattern edits, before any pass
