@@ -3,41 +3,17 @@ reference, restored on exit, refusing models that ignore pattern edits, and bad 
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
-from conftest import byte_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from intervention_reference import hf_nll, hf_top_n, ignoring_pattern_edits, restrict_rows_by_sorting
+from intervention_reference import hf_nll, hf_top_n, ignoring_pattern_edits, llama_pair, restrict_rows_by_sorting
 
 import tl_geometry as tlg
 from tl_geometry.core.rankings import top_n_mask
 from tl_geometry.errors import InputError, ModelError
 from tl_geometry.intervention import restrict_pattern
 from tl_geometry.intervention.loss import corpus_nll
-
-
-def llama_pair(n_heads=4, n_kv_heads=2, seed=0):
-    """A random grouped-query LLaMA as plain transformers model and, with the same weights, as a bridge."""
-    import transformers
-    from transformer_lens.model_bridge import TransformerBridge
-
-    torch.manual_seed(seed)
-    tok = byte_tokenizer()
-    cfg = transformers.LlamaConfig(
-        vocab_size=len(tok), hidden_size=8 * n_heads, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=n_heads, num_key_value_heads=n_kv_heads, max_position_embeddings=128,
-        attn_implementation="eager",
-    )  # fmt: skip
-    hf = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # sharper attention than the random init's near-uniform rows, so top-N matters
-        for layer in hf.model.layers:
-            layer.self_attn.q_proj.weight.mul_(12.0)
-        hf.lm_head.weight.mul_(30.0)  # and sharper predictions, so the loss feels the change
-    plain = copy.deepcopy(hf)
-    return plain, TransformerBridge.boot_transformers("tiny-llama", hf_model=hf, tokenizer=tok)
 
 
 @pytest.fixture(scope="module")

@@ -80,3 +80,22 @@ def test_matches_hand_built_transformers_reference_on_smollm2(models, tokens, ra
     print(f"{rank_by} renormalize={renormalize} n={n}: {got:.7f} vs {expected:.7f} ({got - expected:+.1e})")
     assert abs(expected - full) > 0.1  # the restriction matters, so agreeing means something
     assert got == pytest.approx(expected, abs=TOL)
+
+
+def test_per_head_budget_matches_hand_built_reference_on_smollm2(models, tokens) -> None:
+    """Every head its own n (some full) and ranking (sink + window, contribution, attention), vectorised
+    over heads, against the same restriction written head by head on the transformers model."""
+    bridge, plain = models
+    info = tlg.describe_model(bridge)
+    gen = torch.Generator().manual_seed(0)
+    budget = torch.randint(-2, 9, (info.n_layers, info.n_heads), generator=gen)  # <= 0: full
+    names = ["attention", "contribution", "sink_window"]
+    choice = torch.randint(0, 3, (info.n_layers, info.n_heads), generator=gen)
+    rank_by = {(layer, h): names[int(choice[layer, h])] for layer in range(info.n_layers) for h in range(info.n_heads)}
+    full = hf_nll(plain, tokens)
+    with hf_top_n(budget, rank_by, renormalize=True):
+        expected = hf_nll(plain, tokens)
+    got = bridge_nll(bridge, tokens, n=budget, rank_by=rank_by, renormalize=True)
+    print(f"per-head: {got:.7f} vs {expected:.7f} ({got - expected:+.1e})")
+    assert abs(expected - full) > 0.1
+    assert got == pytest.approx(expected, abs=TOL)

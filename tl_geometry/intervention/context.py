@@ -18,9 +18,10 @@ from __future__ import annotations
 import contextlib
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import einops
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -28,7 +29,7 @@ from tl_geometry.capture.hooks import as_kv_values, model_device
 from tl_geometry.core.checks import is_integer
 from tl_geometry.core.rankings import check_rank_by, check_seed, ranking_scores, row_keys
 from tl_geometry.errors import InputError, ModelError
-from tl_geometry.intervention.restrict import restrict_pattern
+from tl_geometry.intervention.restrict import restrict_pattern, restrict_pattern_per_head
 from tl_geometry.models import ModelInfo, describe_model, hook_pattern_name, hook_v_name
 
 HOOK_Z = "blocks.{layer}.attn.hook_z"
@@ -69,6 +70,76 @@ def resolve_units(info: ModelInfo, layers: Any = None, heads: Any = None) -> dic
     return {layer: head_ids for layer in layer_ids}
 
 
+def head_budget(info: ModelInfo, n: Any, layers: Any = None, heads: Any = None) -> Tensor:
+    """Keys kept by every (layer, head) as an int64 tensor ``[n_layers, n_heads]`` (``0``: the head stays full).
+
+    ``n`` is an int ``>= 1`` (for the heads chosen by ``layers`` x ``heads``), a mapping
+    ``{(layer, head): n}`` (heads not named stay full) or an integer tensor/array
+    ``[n_layers, n_heads]``; in the last two, ``n <= 0`` keeps a head full. Every entry is checked
+    here, before any forward pass: one :class:`InputError` naming the bad entry.
+
+    >>> from tl_geometry.models import ModelInfo
+    >>> info = ModelInfo("toy", "TransformerBridge", n_layers=2, n_heads=3, n_kv_heads=3, d_head=4, n_ctx=16,
+    ...                  bos_token_id=None, values_include_value_bias=True)
+    >>> head_budget(info, {(1, 2): 4, (0, 0): 1}).tolist()
+    [[1, 0, 0], [0, 0, 4]]
+    """
+    per_head = isinstance(n, (Mapping, Tensor, np.ndarray))
+    if not per_head:
+        size = check_n(n)
+        budget = torch.zeros(info.n_layers, info.n_heads, dtype=torch.int64)
+        for layer, chosen in resolve_units(info, layers, heads).items():
+            budget[layer, list(chosen)] = size
+        return budget
+    if layers is not None or heads is not None:
+        raise InputError("layers= and heads= choose the heads of an int n; a per-head n names its heads itself")
+    if isinstance(n, Mapping):
+        budget = torch.zeros(info.n_layers, info.n_heads, dtype=torch.int64)
+        for key, value in n.items():
+            layer, head = check_head_key(info, key, "n")
+            if not is_integer(value):
+                raise InputError(f"n[{key!r}] = {value!r} is not an integer (keys kept; 0 or less: full)")
+            budget[layer, head] = int(value)
+        return budget
+    array = torch.as_tensor(n)
+    if array.dtype.is_floating_point or array.dtype.is_complex or array.dtype == torch.bool:
+        raise InputError(f"a per-head n must hold integers (keys kept; 0 or less: full), got dtype {array.dtype}")
+    if tuple(array.shape) != (info.n_layers, info.n_heads):
+        raise InputError(
+            f"a per-head n must have shape [n_layers, n_heads] = [{info.n_layers}, {info.n_heads}], "
+            f"got {list(array.shape)}"
+        )
+    return array.to(torch.int64).clone()
+
+
+def check_head_key(info: ModelInfo, key: Any, what: str) -> tuple[int, int]:
+    """A ``(layer, head)`` key of a per-head mapping, checked against the model."""
+    if (
+        not isinstance(key, tuple)
+        or len(key) != 2
+        or not all(is_integer(k) for k in key)
+        or not (0 <= int(key[0]) < info.n_layers and 0 <= int(key[1]) < info.n_heads)
+    ):
+        raise InputError(
+            f"{what} has the key {key!r}: keys must be (layer, head) with layer in 0..{info.n_layers - 1} "
+            f"and head in 0..{info.n_heads - 1}"
+        )
+    return int(key[0]), int(key[1])
+
+
+def head_rankings(info: ModelInfo, rank_by: Any) -> tuple[tuple[str, ...], ...]:
+    """The ranking of every (layer, head): ``rank_by`` a ranking name, or ``{(layer, head): name}``
+    (heads not named rank by ``"attention"``). Checked here, one :class:`InputError` per bad entry."""
+    if not isinstance(rank_by, Mapping):
+        name = check_rank_by(rank_by)
+        return tuple((name,) * info.n_heads for _ in range(info.n_layers))
+    table = [["attention"] * info.n_heads for _ in range(info.n_layers)]
+    for key, value in rank_by.items():
+        layer, head = check_head_key(info, key, "rank_by")
+        table[layer][head] = check_rank_by(value)
+    return tuple(tuple(row) for row in table)
+
+
 @dataclass
 class TopNAttention:
     """The state of one ``top_n_attention`` block (what it restricts and how).
@@ -76,6 +147,8 @@ class TopNAttention:
     Attributes
     ----------
     n, rank_by, renormalize, seed : as given to :func:`top_n_attention`.
+    budget : int64 tensor [n_layers, n_heads], keys kept by each head's queries (0: full).
+    rankings : the ranking of each (layer, head), ``rankings[layer][head]``.
     units : ``{layer: heads}`` restricted.
     seq_ids : corpus index of each window of the next forward pass, for the ``"random"`` ranking's
         row keys (default: the window's index in the batch); set it before each batch to make draws
@@ -84,23 +157,27 @@ class TopNAttention:
 
     model: Any
     info: ModelInfo
-    n: int
-    rank_by: str
+    n: Any
+    rank_by: Any
     renormalize: bool
     units: dict[int, tuple[int, ...]]
+    budget: Tensor
+    rankings: tuple[tuple[str, ...], ...]
     seed: int = 0
     seq_ids: Tensor | None = None
     _values: dict[int, Tensor] = field(default_factory=dict, repr=False)
     _handles: list[tuple[Any, Any]] = field(default_factory=list, repr=False)
 
     # -- scores of one layer
-    def scores(self, layer: int, pattern: Tensor, heads: Tensor) -> Tensor:
-        """Score of every key for the rows ``pattern[b, heads, q, k]`` (future keys ``-inf``)."""
-        if self.rank_by == "attention":
+    def scores(self, layer: int, pattern: Tensor, heads: Tensor, rank_by: str | None = None) -> Tensor:
+        """Score of every key for the rows ``pattern[b, heads, q, k]`` (future keys ``-inf``) under
+        ``rank_by`` (default: the ranking of ``heads[0]``)."""
+        rank_by = rank_by if rank_by is not None else self.rankings[layer][int(heads[0])]
+        if rank_by == "attention":
             return pattern  # the order of alpha in float32 is its order in float64
         n_queries, n_keys = pattern.shape[-2:]
-        if self.rank_by == "contribution":
-            values = self._values.pop(layer, None)
+        if rank_by == "contribution":
+            values = self._values.get(layer)
             if values is None:
                 raise ModelError(
                     f"hook_v of layer {layer} did not fire before hook_pattern: contribution ranking needs it"
@@ -109,7 +186,7 @@ class TopNAttention:
             per_head = norms[:, :, self.info.kv_head_of().to(norms.device)[heads]]  # [b, k, h]
             per_row = einops.repeat(per_head, "b k h -> b h q k 1", q=n_queries)
             scores = ranking_scores(pattern, per_row, "contribution")  # alpha_i * || ||v_i|| || = alpha_i ||v_i||
-        elif self.rank_by == "sink_window":
+        elif rank_by == "sink_window":
             scores = ranking_scores(pattern, None, "sink_window").clone()
         else:
             batch = pattern.shape[0]
@@ -126,6 +203,16 @@ class TopNAttention:
         future = torch.ones(n_queries, n_keys, dtype=torch.bool, device=pattern.device).triu(1)
         return scores.masked_fill(future, -torch.inf)
 
+    def mixed_scores(self, layer: int, pattern: Tensor, heads: Tensor) -> Tensor:
+        """float64 scores of the rows ``pattern[b, heads]``, each head under its own ranking
+        (one call of :meth:`scores` per ranking present, vectorised over its heads)."""
+        names = [self.rankings[layer][int(h)] for h in heads]
+        out = torch.empty(pattern.shape, dtype=torch.float64, device=pattern.device)
+        for name in dict.fromkeys(names):
+            where = torch.tensor([i for i, other in enumerate(names) if other == name], device=pattern.device)
+            out[:, where] = self.scores(layer, pattern[:, where], heads[where.cpu()], name).to(torch.float64)
+        return out
+
     # -- hooks
     def _v_hook(self, layer: int):
         def hook(values: Tensor, hook: Any) -> None:
@@ -136,6 +223,9 @@ class TopNAttention:
     def _pattern_hook(self, layer: int):
         heads = torch.tensor(self.units[layer], dtype=torch.int64)
         all_heads = len(self.units[layer]) == self.info.n_heads
+        sizes = self.budget[layer, heads]
+        names = {self.rankings[layer][int(h)] for h in heads}
+        uniform = len(names) == 1 and bool((sizes == sizes[0]).all())
 
         def hook(pattern: Tensor, hook: Any) -> Tensor:
             if pattern.ndim != 4 or pattern.shape[-1] != pattern.shape[-2]:
@@ -143,12 +233,19 @@ class TopNAttention:
                     f"hook_pattern of layer {layer} has shape {tuple(pattern.shape)}; the intervention needs the "
                     "square causal pattern [batch, head, pos, pos] of a forward pass without a KV cache"
                 )
+            try:
+                chosen = pattern if all_heads else pattern.index_select(1, heads.to(pattern.device))
+                if uniform:
+                    kept = restrict_pattern(chosen, self.scores(layer, chosen, heads), int(sizes[0]), self.renormalize)
+                else:
+                    scores = self.mixed_scores(layer, chosen, heads)
+                    kept = restrict_pattern_per_head(chosen, scores, sizes, self.renormalize)
+            finally:
+                self._values.pop(layer, None)
             if all_heads:
-                return restrict_pattern(pattern, self.scores(layer, pattern, heads), self.n, self.renormalize)
-            idx = heads.to(pattern.device)
-            chosen = pattern.index_select(1, idx)
+                return kept
             out = pattern.clone()
-            out[:, idx] = restrict_pattern(chosen, self.scores(layer, chosen, heads), self.n, self.renormalize)
+            out[:, heads.to(pattern.device)] = kept
             return out
 
         return hook
@@ -156,7 +253,7 @@ class TopNAttention:
     def attach(self) -> None:
         """Add the hooks (remembering exactly which, for :meth:`detach`)."""
         for layer in sorted(self.units):
-            if self.rank_by == "contribution":
+            if "contribution" in {self.rankings[layer][h] for h in self.units[layer]}:
                 self._add(hook_v_name(layer), self._v_hook(layer))
             self._add(hook_pattern_name(layer), self._pattern_hook(layer))
 
@@ -230,8 +327,8 @@ def check_pattern_edits_honoured(model: Any, info: ModelInfo) -> None:
 @contextlib.contextmanager
 def top_n_attention(
     model: Any,
-    n: int = 8,
-    rank_by: str = "attention",
+    n: int | Mapping[tuple[int, int], int] | Tensor = 8,
+    rank_by: str | Mapping[tuple[int, int], str] = "attention",
     renormalize: bool = False,
     layers: int | Sequence[int] | None = None,
     heads: int | Sequence[int] | None = None,
@@ -242,15 +339,19 @@ def top_n_attention(
     Parameters
     ----------
     model : TransformerBridge or HookedTransformer (eager attention)
-    n : int >= 1
-        Keys kept per query; a query with at most ``n`` visible keys is unchanged.
-    rank_by : "attention", "contribution", "random" or "sink_window"
+    n : int >= 1, mapping ``{(layer, head): int}`` or integer tensor ``[n_layers, n_heads]``
+        Keys kept per query; a query with at most ``n`` visible keys is unchanged. A mapping or a
+        tensor gives every head its own budget (heads not named, and entries ``<= 0``, stay full);
+        :func:`tl_geometry.head_budgets` makes one.
+    rank_by : "attention", "contribution", "random", "sink_window", or a mapping ``{(layer, head): name}``
         The order defining ``I_N`` (definitions §7); ``"random"`` draws a fresh seeded permutation per
-        row (keyed by window, layer, head and query position).
+        row (keyed by window, layer, head and query position). A mapping gives a head its own
+        ranking (e.g. ``"sink_window"`` for StreamingLLM-style heads); heads not named rank by
+        ``"attention"``.
     renormalize : bool, default False
         False: kept weights unchanged, the others zero; True: kept weights divided by their sum.
     layers, heads : None (all), an int or a list of ints
-        The restricted layers and, in each of them, the restricted query heads.
+        The restricted layers and, in each of them, the restricted query heads (an int ``n`` only).
     seed : int
         Seed of ``"random"``.
 
@@ -268,16 +369,32 @@ def top_n_attention(
     ...     restricted = model(tokens)
     >>> bool((model(tokens) != restricted).any())   # restored on exit
     True
+    >>> with top_n_attention(model, n={(0, 1): 3, (1, 0): 2}, rank_by={(0, 1): "sink_window"}):
+    ...     per_head = model(tokens)                 # two heads restricted, each its own way
     """
-    n = check_n(n)
-    rank_by = check_rank_by(rank_by)
     seed = check_seed(seed)
     if not isinstance(renormalize, (bool,)):
         raise InputError(f"renormalize must be True or False, got {renormalize!r}")
     info = describe_model(model)
-    units = resolve_units(info, layers, heads)
+    budget = head_budget(info, n, layers, heads)
+    rankings = head_rankings(info, rank_by)
+    units = {
+        layer: tuple(int(h) for h in torch.nonzero(budget[layer] > 0).flatten())
+        for layer in range(info.n_layers)
+        if bool((budget[layer] > 0).any())
+    }
     check_pattern_edits_honoured(model, info)
-    state = TopNAttention(model=model, info=info, n=n, rank_by=rank_by, renormalize=renormalize, units=units, seed=seed)
+    state = TopNAttention(
+        model=model,
+        info=info,
+        n=n,
+        rank_by=rank_by,
+        renormalize=renormalize,
+        units=units,
+        budget=budget,
+        rankings=rankings,
+        seed=seed,
+    )
     state.attach()
     try:
         yield state
@@ -285,4 +402,13 @@ def top_n_attention(
         state.detach()
 
 
-__all__ = ["TopNAttention", "check_n", "check_pattern_edits_honoured", "resolve_units", "top_n_attention"]
+__all__ = [
+    "TopNAttention",
+    "check_head_key",
+    "check_n",
+    "check_pattern_edits_honoured",
+    "head_budget",
+    "head_rankings",
+    "resolve_units",
+    "top_n_attention",
+]

@@ -20,8 +20,9 @@ Examples
 
 from __future__ import annotations
 
+import einops
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.core.checks import typechecked
@@ -75,10 +76,65 @@ def restrict_pattern(
     return out
 
 
+@typechecked
+def restrict_pattern_per_head(
+    pattern: Float[Tensor, "*batch head q k"],
+    scores: Float[Tensor, "*batch head q k"],
+    n: Int[Tensor, " head"],
+    renormalize: bool = False,
+) -> Float[Tensor, "*batch head q k"]:
+    """:func:`restrict_pattern` with its own ``n`` per head, all heads at once (``n[h] <= 0``: head ``h`` full).
+
+    Head ``h``'s rows ``q >= n[h]`` keep the ``n[h]`` keys of highest score (ties to the lower key
+    index); its other rows are returned unchanged. One ``topk`` of the largest ``n`` finds every
+    head's cut; a tie across a cut falls back to a stable sort.
+
+    Parameters
+    ----------
+    pattern : [*batch, head, q, k] square causal attention weights.
+    scores : [*batch, head, q, k] the ranking's scores (future keys ``-inf``, or ``0`` for attention).
+    n : int [head] keys kept by each head's queries; ``0`` or less keeps the head full.
+    renormalize : divide the kept weights of every changed row by their sum.
+
+    Examples
+    --------
+    >>> import torch
+    >>> alpha = torch.tensor([[[0.25, 0.5, 0.25]]]).expand(2, 3, 3)   # two heads, one row repeated
+    >>> restrict_pattern_per_head(alpha, alpha, torch.tensor([1, 0]))[:, 2].tolist()
+    [[0.0, 0.5, 0.0], [0.25, 0.5, 0.25]]
+    """
+    n_queries, n_keys = pattern.shape[-2:]
+    n = n.to(device=pattern.device, dtype=torch.int64)
+    rows = (n[:, None] > 0) & (torch.arange(n_queries, device=pattern.device)[None, :] >= n[:, None])  # [head, q]
+    if not bool(rows.any()):
+        return pattern
+    size = torch.where(n > 0, n, torch.ones_like(n)).clamp(max=n_keys - 1)  # in range for every head
+    k_top = min(int(size.max()) + 1, n_keys)
+    top = torch.topk(scores, k_top, dim=-1).values  # [*batch, head, q, k_top]
+    index = einops.repeat(size - 1, "h -> h q 1", q=n_queries).expand(*top.shape[:-1], 1)
+    cut = top.gather(-1, index)
+    after = top.gather(-1, (index + 1).clamp(max=k_top - 1))
+    no_tie = bool(((cut[..., 0] > after[..., 0]) | ~rows).all())
+    if no_tie:
+        keep = scores >= cut
+    else:  # rank of every key in a stable descending sort
+        order = torch.argsort(scores, dim=-1, descending=True, stable=True)
+        ranks = torch.empty_like(order).scatter_(
+            -1, order, torch.arange(n_keys, device=order.device).expand_as(order).contiguous()
+        )
+        keep = ranks < einops.rearrange(size, "h -> h 1 1")
+    keep = keep | ~rows[..., None]
+    out = torch.where(keep, pattern, torch.zeros((), dtype=pattern.dtype, device=pattern.device))
+    if renormalize:
+        total = out.sum(dim=-1, keepdim=True)
+        out = out / torch.where(rows[..., None] & (total > 0), total, torch.ones_like(total))
+    return out
+
+
 def _renormalize_(rows: Tensor) -> None:
     """Divide every row by its sum, in place (a row summing to 0 stays 0)."""
     total = rows.sum(dim=-1, keepdim=True)
     rows.div_(torch.where(total > 0, total, torch.ones_like(total)))
 
 
-__all__ = ["restrict_pattern"]
+__all__ = ["restrict_pattern", "restrict_pattern_per_head"]
