@@ -38,6 +38,7 @@ if "torch" not in _sys.modules and _started_as_command_line():
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from tl_geometry import corpus, moved
+from tl_geometry.competition import head_budgets
 from tl_geometry.core.separability import precision_recall_at_radius, separability
 from tl_geometry.core.sizes import log_spaced_ns
 from tl_geometry.corpus import corpus_tokens
@@ -116,6 +117,8 @@ __all__ = [
     "load_curve",
     "localized_loss",
     "geometry_vs_function",
+    # competition and budgets
+    "head_budgets",
     # head regimes
     "classify_heads",
     "regime_clusters",

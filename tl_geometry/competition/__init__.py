@@ -3,4 +3,12 @@
 Context scaling (the same targets predicted from longer contexts), a supporting fact under growing
 background, and per-head key budgets compared at equal mean budget. Built on the intervention
 layer's top-N restriction; see docs/competition.md.
+
+* :func:`head_budgets` — per-(layer, head) budgets at a mean budget ``B`` by rule;
+* :func:`evaluate_budgets` — their ``delta_nll_rel`` on held-out windows.
 """
+
+from tl_geometry.competition.budgets import HeadBudgets, head_budgets
+from tl_geometry.competition.evaluate import evaluate_budgets
+
+__all__ = ["HeadBudgets", "evaluate_budgets", "head_budgets"]
