@@ -4,6 +4,7 @@
 
     tl-geometry run --out runs/default      # analyse, write the tables and the report
     tl-geometry sparsify --out runs/sparsify
+    tl-geometry budgets --out runs/budgets
     tl-geometry report runs/default
 
 Errors a user can fix are one line on stderr and exit code 2; Ctrl-C exits with 130.
@@ -16,7 +17,7 @@ import errno
 import sys
 from typing import NoReturn
 
-from tl_geometry.cli import report, run, sparsify
+from tl_geometry.cli import budgets, report, run, sparsify
 from tl_geometry.cli.common import EXIT_INTERRUPTED, EXIT_USAGE
 from tl_geometry.errors import TLGeometryError
 
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run.add_parser(sub)
     sparsify.add_parser(sub)
+    budgets.add_parser(sub)
     report.add_parser(sub)
     return parser
 

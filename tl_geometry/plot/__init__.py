@@ -10,6 +10,7 @@ from typing import Any
 
 from tl_geometry.moved import RENAMED_FIGURES, warn_moved
 from tl_geometry.plot.attention import attention_mass
+from tl_geometry.plot.budgets import budget_pareto
 from tl_geometry.plot.circuitsvis_grid import HeadGrid, head_grid, head_grid_html
 from tl_geometry.plot.colors import METRIC_COLORS, REGIME_COLORS, REGIME_ORDER
 from tl_geometry.plot.contributions import contribution_points, contributions_from_model, contributions_scatter
@@ -58,6 +59,7 @@ __all__ = [
     "loss_curve",
     "geometry_vs_loss",
     "localized_loss_map",
+    "budget_pareto",
     "head_grid",
     "head_grid_html",
     "HeadGrid",
