@@ -31,7 +31,7 @@ def test_budgets_writes_the_tables_and_the_figure_and_resumes(tmp_path, tiny, ca
     assert (table.realised_mean == table.mean_budget).all()
     heads = pd.read_parquet(out / "head_budgets.parquet")
     assert len(heads) == 6 * 2 * 4  # every (layer, head) of every point
-    assert "B = 2: delta_nll_rel" in capsys.readouterr().out and (out / "pareto.html").exists()
+    assert "B = 2: delta_nll_rel" in capsys.readouterr().out and "Per-head budgets" in (out / "index.html").read_text()
     assert main([*ARGS, "--out", str(out)]) == 2  # exists: --resume or --force
     assert main([*ARGS, "--out", str(out), "--resume"]) == 0
     pd.testing.assert_frame_equal(pd.read_parquet(out / "budgets.parquet"), table)

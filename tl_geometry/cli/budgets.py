@@ -7,7 +7,7 @@
 takes ``2 x --n-seqs`` windows: the first ``--n-seqs`` choose the budgets, the others evaluate them.
 Writes into ``--out``: ``budgets.json`` (every point as it is measured; ``--resume`` continues
 from it), ``budgets.parquet`` (one row per rule and B, docs/columns.md#budget-evaluation),
-``head_budgets.parquet`` (every head's budget per rule and B) and ``pareto.html`` (the figure).
+``head_budgets.parquet`` (every head's budget per rule and B) and ``index.html`` (the report).
 Same conventions as ``tl-geometry sparsify``: progress bars, ``--resume``, ``--force``, one-line
 errors and exit code 2.
 """
@@ -135,8 +135,9 @@ def budgets_command(args: argparse.Namespace) -> int:
     table.to_parquet(out / "budgets.parquet", index=False)
     heads = pd.concat([b.table().assign(rule=b.rule, mean_budget=b.mean_budget) for b in chosen], ignore_index=True)
     heads.to_parquet(out / "head_budgets.parquet", index=False)
-    page = out / "pareto.html"
-    tlg.plot.budget_pareto(table).write_html(page, include_plotlyjs=True)
+    from tl_geometry.report.budgets import write_budgets_report
+
+    page = write_budgets_report(out, table, {"model": args.model, "rules": ",".join(options["rules"])})
     print(_summary(table, out, page))
     return 0
 
@@ -146,7 +147,7 @@ def _summary(table: Any, out: Path, page: Path) -> str:
     for mean, points in table.groupby("mean_budget", sort=True):
         cells = "  ".join(f"{row.rule} {row.delta_nll_rel:+.4f}" for row in points.itertuples())
         lines.append(f"  B = {mean:g}: delta_nll_rel  {cells}")
-    lines.append(f"figure   {page}")
+    lines.append(f"report   {page}")
     lines.append(f"tables   {out}/budgets.parquet, head_budgets.parquet")
     return "\n".join(lines)
 

@@ -29,6 +29,7 @@ SECTIONS = {
     "taxonomy": "Head taxonomy",
     "head_types": "Regimes and circuit head types",
     "sparsification": "Sparsification (top-N intervention)",
+    "budgets": "Per-head budgets",
     "other": "More figures",
 }
 
