@@ -249,9 +249,9 @@ def localized_curves(
         table = localized_loss(
             model, tokens, n=n, unit="head", rank_by=rank_by, batch_size=batch_size, progress=progress
         )
-        out[table["layer"].to_numpy(), table["head"].to_numpy().astype(np.int64), i] = torch.tensor(
-            table.delta_nll_rel.to_numpy()
-        )
+        layers = torch.tensor(table["layer"].to_numpy(dtype=np.int64, copy=True))
+        heads = torch.tensor(table["head"].to_numpy(dtype=np.int64, copy=True))
+        out[layers, heads, i] = torch.tensor(table["delta_nll_rel"].to_numpy(dtype=np.float64, copy=True))
     return out
 
 
