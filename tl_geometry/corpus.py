@@ -345,6 +345,40 @@ def corpus_tokens(model: Any, corpus: Corpus | TokenCorpus, info: ModelInfo | No
     return tokens
 
 
+def corpus_documents(model: Any, corpus: Corpus | TokenCorpus) -> list[list[int]]:
+    """The token ids of every document of ``corpus``, whole and without BOS (no windows cut).
+
+    A text corpus gives one list per non-empty text, tokenised as text (see this module); a
+    :class:`TokenCorpus` gives its rows, each taken as one document. Context scaling
+    (definitions §9) cuts its own windows from the ends of these documents.
+    """
+    if isinstance(corpus, TokenCorpus):
+        return [row.tolist() for row in corpus.tokens]
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        raise InputError(
+            f"corpus {corpus.name!r} is text but the model has no tokenizer: attach one to the model, "
+            "or pass token ids with tl_geometry.corpus.from_tokens(...) (one row per document)"
+        )
+    docs = []
+    for text in corpus.texts():
+        if not isinstance(text, str):
+            raise InputError(f"corpus texts must be str, got {type(text).__name__}")
+        if text.strip():
+            docs.append(_encode_as_text(tokenizer, text))
+    if not docs:
+        raise InputError(f"corpus {corpus.name!r} is empty: it holds no text to analyse")
+    return docs
+
+
+def encode_text(model: Any, text: str) -> list[int]:
+    """The token ids of ``text`` under the model's tokenizer, read as plain text (no special tokens added)."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        raise InputError("the model has no tokenizer: attach one to the model to tokenise text")
+    return _encode_as_text(tokenizer, text)
+
+
 def as_corpus(corpus: Any, default_seq_len: int) -> Corpus | TokenCorpus:
     if isinstance(corpus, (Corpus, TokenCorpus)):
         return corpus

@@ -9,6 +9,7 @@ layer's top-N restriction; see docs/competition.md.
 """
 
 from tl_geometry.competition.budgets import HeadBudgets, head_budgets
+from tl_geometry.competition.context import context_scaling
 from tl_geometry.competition.evaluate import evaluate_budgets
 
-__all__ = ["HeadBudgets", "evaluate_budgets", "head_budgets"]
+__all__ = ["HeadBudgets", "context_scaling", "evaluate_budgets", "head_budgets"]

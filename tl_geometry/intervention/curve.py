@@ -38,7 +38,7 @@ from tl_geometry.core.rankings import RANKINGS, check_rankings, check_seed
 from tl_geometry.corpus import as_corpus, corpus_tokens
 from tl_geometry.errors import InputError
 from tl_geometry.intervention.context import top_n_attention
-from tl_geometry.intervention.loss import LossSum, check_windows, corpus_nll
+from tl_geometry.intervention.loss import LossSum, check_targets, check_windows, corpus_nll
 from tl_geometry.io.files import write_json_atomic
 from tl_geometry.io.lock import RunLock
 from tl_geometry.io.store import StoreError, model_fingerprint, tokens_sha256
@@ -242,6 +242,7 @@ def sparsification_curve(
     resume: bool = True,
     progress: bool = True,
     world: Any = None,
+    targets: int | None = None,
 ) -> SparsificationCurve:
     """Measure ``delta_nll_rel(N)`` for every ranking, renormalisation flag and size (definitions §8).
 
@@ -262,6 +263,8 @@ def sparsification_curve(
         NLL sums are gathered by every process and summed in one process's order, so every point
         equals a one-process curve's (exactly with ``batch_size=1``); only rank 0 writes
         ``curve.json``. Every process must make the same calls (refinement included).
+    targets : the loss counts only the last ``targets`` positions of every window (default: all
+        ``L - 1``), as context scaling does (definitions §9).
 
     Returns
     -------
@@ -275,6 +278,8 @@ def sparsification_curve(
     tokens = check_windows(corpus_tokens(model, as_corpus(corpus, 512), info))
     seq_len = int(tokens.shape[1])
     sizes = check_ns(sizes_spec, seq_len)
+    if targets is not None:
+        targets = check_targets(targets, seq_len)
     identity = {
         "model": info.name,
         "model weights": model_fingerprint(model),
@@ -282,6 +287,7 @@ def sparsification_curve(
         "n_seqs": int(tokens.shape[0]),
         "seq_len": seq_len,
         "seed": seed,
+        **({} if targets is None else {"targets": targets}),  # absent when all: older curves still resume
     }
     writes = world is None or world.is_main
 
@@ -291,11 +297,11 @@ def sparsification_curve(
 
     with locked():
         store = _CurveStore(None if out_dir is None else Path(out_dir), identity, resume, writes)
-        shard: dict[str, Any] = {}
+        shard: dict[str, Any] = {"targets": targets}
         if world is not None:
             from tl_geometry.pipeline.torchrun import shard_windows
 
-            shard = {
+            shard |= {
                 "windows": shard_windows(int(tokens.shape[0]), world.rank, world.size),
                 "gather": world.merge_dicts,
             }
@@ -389,6 +395,7 @@ def load_curve(
             batch_size=batch_size,
             out_dir=out_dir,
             progress=progress,
+            targets=data["identity"].get("targets"),
         )
         return live
     return SparsificationCurve(table=table, nll_full=full.nll, config=dict(data["identity"]), _measure=measure)

@@ -7,6 +7,7 @@ number of targets (``n_seqs * (L - 1)``): position ``p``'s token is predicted fr
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -53,8 +54,22 @@ def check_windows(tokens: Any) -> Tensor:
     return tokens
 
 
-def window_nll(logits: Tensor, tokens: Int[Tensor, "batch pos"]) -> Tensor:
+def check_targets(targets: Any, seq_len: int) -> int:
+    """The number of targets per window: ``targets`` in ``1..seq_len - 1`` (None: all ``seq_len - 1``)."""
+    if targets is None:
+        return seq_len - 1
+    if isinstance(targets, bool) or not isinstance(targets, numbers.Integral) or not 1 <= targets <= seq_len - 1:
+        raise InputError(
+            f"targets must be an integer in 1..{seq_len - 1} (the last positions of a window of {seq_len} tokens "
+            f"that are predicted), got {targets!r}"
+        )
+    return int(targets)
+
+
+def window_nll(logits: Tensor, tokens: Int[Tensor, "batch pos"], targets: int | None = None) -> Tensor:
     """Per-window float64 sum of the next-token NLL over targets ``1..L-1``: shape ``[batch]``.
+
+    ``targets`` (default: all ``L - 1``) counts only the last ``targets`` positions of each window.
 
     The log-softmax itself runs in float64, one window at a time (a float32 log-softmax over a
     49k-token vocabulary is biased by about 2e-6 relative on SmolLM2, the size of a real effect at
@@ -65,7 +80,8 @@ def window_nll(logits: Tensor, tokens: Int[Tensor, "batch pos"]) -> Tensor:
     2.772589
     """
     sums = []
-    for window, ids in zip(logits[:, :-1], tokens[:, 1:].to(logits.device)):
+    first = 1 if targets is None else tokens.shape[1] - targets
+    for window, ids in zip(logits[:, first - 1 : -1], tokens[:, first:].to(logits.device)):
         log_probs = F.log_softmax(window.to(torch.float64), dim=-1)
         sums.append(-log_probs.gather(-1, ids[:, None])[:, 0].sum())
     return torch.stack(sums)
@@ -98,6 +114,7 @@ def corpus_nll(
     *,
     windows: Sequence[int] | None = None,
     gather: Callable[[dict[int, float]], dict[int, float]] | None = None,
+    targets: int | None = None,
 ) -> LossSum:
     """Stream ``tokens`` through ``model`` in batches and sum the next-token NLL in float64.
 
@@ -111,8 +128,12 @@ def corpus_nll(
     sharded run gives the same float64 total as one process whenever the per-window sums agree
     (always with ``batch_size=1``; with larger batches a window's logits can depend on its batch
     neighbours at float32 rounding).
+
+    ``targets`` (default: all ``L - 1``): only the last ``targets`` positions of every window are
+    targets (context scaling predicts the same last tokens from longer prefixes, definitions §9).
     """
     tokens = check_windows(tokens)
+    n_targets = check_targets(targets, int(tokens.shape[1]))
     check_forward_memory(model, min(batch_size, tokens.shape[0]), tokens.shape[1])
     n_windows = tokens.shape[0]
     mine = list(range(n_windows)) if windows is None else sorted({int(i) for i in windows})
@@ -127,7 +148,7 @@ def corpus_nll(
                 before_batch(ids)
             with analysis_threads(device):  # the CPUs free now (tl_geometry.core.threads)
                 logits = model(batch.to(device))
-            sums.update(zip(ids.tolist(), window_nll(logits, batch).cpu().tolist()))
+            sums.update(zip(ids.tolist(), window_nll(logits, batch, n_targets).cpu().tolist()))
             bar.update(batch.shape[0])
     bar.close()
     if gather is not None:
@@ -140,7 +161,7 @@ def corpus_nll(
         total += torch.tensor(
             [sums[i] for i in range(start, min(start + batch_size, n_windows))], dtype=torch.float64
         ).sum()
-    return LossSum(total=float(total), n_tokens=int(n_windows * (tokens.shape[1] - 1)))
+    return LossSum(total=float(total), n_tokens=int(n_windows * n_targets))
 
 
-__all__ = ["LossSum", "check_forward_memory", "check_windows", "corpus_nll", "window_nll"]
+__all__ = ["LossSum", "check_forward_memory", "check_targets", "check_windows", "corpus_nll", "window_nll"]
