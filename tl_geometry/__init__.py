@@ -38,7 +38,7 @@ if "torch" not in _sys.modules and _started_as_command_line():
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from tl_geometry import corpus, moved
-from tl_geometry.competition import head_budgets
+from tl_geometry.competition import context_scaling, head_budgets, supporting_fact
 from tl_geometry.core.separability import precision_recall_at_radius, separability
 from tl_geometry.core.sizes import log_spaced_ns
 from tl_geometry.corpus import corpus_tokens
@@ -118,6 +118,8 @@ __all__ = [
     "localized_loss",
     "geometry_vs_function",
     # competition and budgets
+    "context_scaling",
+    "supporting_fact",
     "head_budgets",
     # head regimes
     "classify_heads",

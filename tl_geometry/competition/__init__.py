@@ -11,5 +11,15 @@ layer's top-N restriction; see docs/competition.md.
 from tl_geometry.competition.budgets import HeadBudgets, head_budgets
 from tl_geometry.competition.context import context_scaling
 from tl_geometry.competition.evaluate import evaluate_budgets
+from tl_geometry.competition.fact import Fact, SupportingFact, supporting_fact, template_facts
 
-__all__ = ["HeadBudgets", "context_scaling", "evaluate_budgets", "head_budgets"]
+__all__ = [
+    "Fact",
+    "HeadBudgets",
+    "SupportingFact",
+    "context_scaling",
+    "evaluate_budgets",
+    "head_budgets",
+    "supporting_fact",
+    "template_facts",
+]

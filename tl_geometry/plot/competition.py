@@ -1,0 +1,179 @@
+"""Figures of selection under competition (definitions §9): context scaling and the supporting fact.
+
+:func:`n_star_by_context` (``N*`` and ``N*/L`` against ``L``, log-log), :func:`fact_attention`
+(the fact's mass and rank against background ``m``: median and quartiles over heads, one head
+selectable) and :func:`fact_loss` (the answer's loss against ``m`` for several ``N``).
+
+Examples
+--------
+>>> import pandas as pd
+>>> table = pd.DataFrame({"context": [128, 256], "rank_by": "attention", "renormalize": False,
+...                       "n_star": pd.array([16, 32], dtype="Int64"), "n_star_over_context": [0.125, 0.125]})
+>>> [t.name for t in n_star_by_context(table).data]
+['attention (deletion)', 'attention (deletion)']
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from tl_geometry.errors import InputError
+from tl_geometry.plot.base import as_array
+from tl_geometry.plot.rankings import RANKING_COLORS
+
+
+def _label(rank_by: str, renorm: bool) -> str:
+    return f"{rank_by} ({'renormalised' if renorm else 'deletion'})"
+
+
+def n_star_by_context(table: pd.DataFrame) -> go.Figure:
+    """``N*_tau(L)`` (left) and ``N*_tau(L) / L`` (right) against ``L``, log-log, per ranking and renormalisation.
+
+    Parameters
+    ----------
+    table : the table of :func:`tl_geometry.context_scaling` (columns ``context``, ``rank_by``,
+        ``renormalize``, ``n_star``, ``n_star_over_context``). Contexts where no size passes are left out.
+    """
+    needed = {"context", "rank_by", "renormalize", "n_star", "n_star_over_context"}
+    if not isinstance(table, pd.DataFrame) or not needed <= set(table.columns) or table.empty:
+        raise InputError("this figure needs the table of tlg.context_scaling(model, corpus)")
+    points = table.drop_duplicates(["context", "rank_by", "renormalize"]).dropna(subset=["n_star"])
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("N*_tau against L", "N*_tau / L against L"))
+    for (rank_by, renorm), group in points.groupby(["rank_by", "renormalize"], sort=False):
+        group = group.sort_values("context")
+        style = dict(color=RANKING_COLORS.get(rank_by, "#000000"), dash="dot" if renorm else "solid")
+        for col, y in ((1, group.n_star), (2, group.n_star_over_context)):
+            fig.add_trace(
+                go.Scatter(
+                    x=as_array(group.context),
+                    y=as_array(y),
+                    mode="lines+markers",
+                    line=style,
+                    name=_label(rank_by, bool(renorm)),
+                    legendgroup=_label(rank_by, bool(renorm)),
+                    showlegend=col == 1,
+                ),
+                row=1,
+                col=col,
+            )
+    fig.update_xaxes(type="log", title_text="context L (tokens)")
+    fig.update_yaxes(type="log", title_text="N*", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="N* / L", row=1, col=2)
+    fig.update_layout(
+        title=dict(text="Context scaling: the same targets from longer contexts"), template="plotly_white"
+    )
+    return fig
+
+
+def _fact_result(result: Any) -> Any:
+    if not hasattr(result, "heads") or not hasattr(result, "loss"):
+        raise InputError("this figure needs the result of tlg.supporting_fact(model)")
+    return result
+
+
+def fact_attention(result: Any, head: tuple[int, int] | None = None) -> go.Figure:
+    """The fact's attention mass (left) and best rank (right, log) at the answer query against background ``m``.
+
+    Per ``m``, each head's value is its median over the facts; the line is the median over heads,
+    the band their quartiles.
+
+    Parameters
+    ----------
+    result : a :class:`tl_geometry.competition.SupportingFact`.
+    head : ``(layer, head)`` to draw as its own line (its median over facts), or None.
+    """
+    heads = _fact_result(result).heads
+    per_head = heads.groupby(["amount", "layer", "head"], as_index=False)[["mass", "best_rank"]].median()
+    if head is not None:
+        layer, h = head
+        if not ((per_head.layer == layer) & (per_head["head"] == h)).any():
+            raise InputError(f"head {head} is not a (layer, head) of this result")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("fact mass", "fact best rank"))
+    for col, metric in ((1, "mass"), (2, "best_rank")):
+        q = per_head.groupby("amount")[metric].quantile([0.25, 0.5, 0.75]).unstack()
+        x = as_array(q.index)
+        fig.add_trace(
+            go.Scatter(x=x, y=as_array(q[0.75]), mode="lines", line=dict(width=0), showlegend=False, name="q75"),
+            row=1,
+            col=col,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=as_array(q[0.25]),
+                mode="lines",
+                line=dict(width=0),
+                fill="tonexty",
+                fillcolor="rgba(0,114,178,0.2)",
+                name="quartiles over heads",
+                showlegend=col == 1,
+            ),
+            row=1,
+            col=col,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=as_array(q[0.5]),
+                mode="lines+markers",
+                line=dict(color="#0072B2"),
+                name="median over heads",
+                showlegend=col == 1,
+            ),
+            row=1,
+            col=col,
+        )
+        if head is not None:
+            one = per_head[(per_head.layer == head[0]) & (per_head["head"] == head[1])].sort_values("amount")
+            fig.add_trace(
+                go.Scatter(
+                    x=as_array(one.amount),
+                    y=as_array(one[metric]),
+                    mode="lines+markers",
+                    line=dict(color="#D55E00"),
+                    name=f"L{head[0]}H{head[1]}",
+                    showlegend=col == 1,
+                ),
+                row=1,
+                col=col,
+            )
+    fig.update_xaxes(title_text="background m (tokens)")
+    fig.update_yaxes(title_text="mass of the fact's tokens", row=1, col=1)
+    fig.update_yaxes(title_text="best rank (1 = highest weight)", type="log", row=1, col=2)
+    fig.update_layout(title=dict(text="A supporting fact under competition"), template="plotly_white")
+    return fig
+
+
+def fact_loss(result: Any) -> go.Figure:
+    """The answer's NLL (mean over facts) against background ``m``: full attention and each top-``N``."""
+    loss = _fact_result(result).loss
+    if loss.empty:
+        raise InputError("the supporting-fact result holds no loss rows: pass ns=(...) to tlg.supporting_fact")
+    fig = go.Figure()
+    full = loss.drop_duplicates(["amount", "fact_id"]).groupby("amount").nll_full.mean()
+    fig.add_trace(
+        go.Scatter(
+            x=as_array(full.index),
+            y=as_array(full),
+            mode="lines+markers",
+            name="full attention",
+            line=dict(color="#000"),
+        )
+    )
+    for n, group in loss.groupby("n"):
+        mean = group.groupby("amount").nll.mean()
+        fig.add_trace(go.Scatter(x=as_array(mean.index), y=as_array(mean), mode="lines+markers", name=f"top-{n}"))
+    fig.update_layout(
+        title=dict(text="Answer loss against background"),
+        template="plotly_white",
+        xaxis_title="background m (tokens)",
+        yaxis_title="answer NLL (nats, mean over facts)",
+    )
+    return fig
+
+
+__all__ = ["fact_attention", "fact_loss", "n_star_by_context"]
