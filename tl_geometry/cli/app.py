@@ -5,6 +5,8 @@
     tl-geometry run --out runs/default      # analyse, write the tables and the report
     tl-geometry sparsify --out runs/sparsify
     tl-geometry budgets --out runs/budgets
+    tl-geometry context --out runs/context  # context scaling
+    tl-geometry fact --out runs/fact        # a supporting fact under background
     tl-geometry report runs/default
 
 Errors a user can fix are one line on stderr and exit code 2; Ctrl-C exits with 130.
@@ -17,7 +19,7 @@ import errno
 import sys
 from typing import NoReturn
 
-from tl_geometry.cli import budgets, report, run, sparsify
+from tl_geometry.cli import budgets, context, fact, report, run, sparsify
 from tl_geometry.cli.common import EXIT_INTERRUPTED, EXIT_USAGE
 from tl_geometry.errors import TLGeometryError
 
@@ -38,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_parser(sub)
     sparsify.add_parser(sub)
     budgets.add_parser(sub)
+    context.add_parser(sub)
+    fact.add_parser(sub)
     report.add_parser(sub)
     return parser
 

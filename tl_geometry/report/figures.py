@@ -30,6 +30,8 @@ SECTIONS = {
     "head_types": "Regimes and circuit head types",
     "sparsification": "Sparsification (top-N intervention)",
     "budgets": "Per-head budgets",
+    "context": "Context scaling",
+    "fact": "A supporting fact under competition",
     "other": "More figures",
 }
 

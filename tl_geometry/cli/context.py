@@ -1,0 +1,174 @@
+"""``tl-geometry context``: context scaling, the same last T tokens from longer contexts (definitions §9).
+
+::
+
+    tl-geometry context --contexts 128,256,512 --targets 32 --n-docs 8 --skip-short --out runs/context
+
+writes into ``--out``: ``context_{L}/curve.json`` per context (every point as measured;
+``--resume`` continues from them), ``context.parquet`` (the tidy table) and ``index.html``.
+Same conventions as ``tl-geometry sparsify``: progress bars, ``--resume``, ``--force``, torchrun,
+one-line errors and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from tl_geometry.cli.common import (
+    EXIT_INTERRUPTED,
+    add_out_options,
+    check_out,
+    claim_out,
+    command_line,
+    parse_ints,
+    parse_names,
+    resume_command,
+)
+from tl_geometry.errors import TLGeometryError
+
+
+def add_parser(sub: Any) -> None:
+    """The ``context`` sub-command."""
+    p = sub.add_parser("context", help="context scaling: N* of the same targets from longer contexts")
+    p.add_argument("--model", default="smollm2-135m", help="TransformerLens model name (default smollm2-135m)")
+    p.add_argument(
+        "--corpus", default="python-docs", help="'python-docs' (embedded, default) or text files, comma-separated"
+    )
+    p.add_argument("--n-docs", type=int, default=8, help="number of documents (default 8)")
+    p.add_argument("--skip-short", action="store_true", help="skip documents too short for the longest context")
+    p.add_argument("--contexts", default="128,256,512,1024", help="context lengths L, comma list")
+    p.add_argument("--targets", type=int, default=64, help="T, the last tokens of each document predicted")
+    p.add_argument("--ns", default="pow2", help="sizes N: 'pow2' or a comma list")
+    p.add_argument("--rank-by", default="attention", help="comma list of rankings (default attention)")
+    p.add_argument(
+        "--renormalize",
+        default="both",
+        choices=("both", "deletion", "renormalize"),
+        help="deletion, renormalize or both (default)",
+    )
+    p.add_argument("--tolerance", type=float, default=0.05, help="tau of N*_tau (default 0.05)")
+    p.add_argument("--refine", action="store_true", help="bisect N* between the grid's sizes")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random ranking (default 0)")
+    p.add_argument("--batch-size", type=int, default=1, help="windows per forward pass (default 1)")
+    add_out_options(p, "runs/context", "context scaling")
+    p.set_defaults(handler=context_command)
+
+
+def _options(args: argparse.Namespace) -> dict:
+    """Every option checked, before the model is loaded."""
+    from tl_geometry.competition.context import check_contexts
+    from tl_geometry.core.rankings import check_rankings
+    from tl_geometry.intervention.curve import check_tolerance
+
+    contexts = check_contexts(parse_ints(args.contexts, "--contexts", ()))
+    if args.targets < 1 or args.targets >= contexts[0]:
+        raise TLGeometryError(
+            f"--targets must be in 1..{contexts[0] - 1} (below the shortest context), got {args.targets}"
+        )
+    if args.n_docs < 1 or args.batch_size < 1:
+        raise TLGeometryError("--n-docs and --batch-size must be at least 1")
+    ns = parse_ints(args.ns, "--ns", ("pow2",))
+    if isinstance(ns, list) and (not ns or min(ns) < 1):
+        raise TLGeometryError(f"--ns sizes must be integers >= 1, got {args.ns!r}")
+    if not math.isfinite(args.tolerance):
+        raise TLGeometryError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
+    check_tolerance(args.tolerance)
+    flags = {"both": (False, True), "deletion": (False,), "renormalize": (True,)}[args.renormalize]
+    return {
+        "contexts": contexts,
+        "ns": ns,
+        "rank_by": check_rankings(parse_names(args.rank_by) or [""]),
+        "renormalize": flags,
+    }
+
+
+def _corpus(args: argparse.Namespace) -> Any:
+    from tl_geometry import corpus
+
+    if args.corpus == "python-docs":
+        return corpus.python_docs(n_seqs=None)
+    return corpus.from_files(parse_names(args.corpus))
+
+
+def context_command(args: argparse.Namespace) -> int:
+    """Under torchrun the documents are sharded across ranks; rank 0 alone writes the table and the page."""
+    from tl_geometry.pipeline.torchrun import World
+
+    options = _options(args)
+    out = check_out(
+        args,
+        what="context scaling",
+        example="runs/context",
+        saved=lambda d: any(d.glob("context_*/curve.json")),
+        nothing_saved="holds no curve (context_*/curve.json)",
+    )
+    world = World.sharding_from_env()
+    if world is None:
+        return _context(args, options, out, None)
+    import torch
+
+    with world.session(torch.device("cpu")):
+        return _context(args, options, out, world)
+
+
+def _context(args: argparse.Namespace, options: dict, out: Path, world: Any) -> int:
+    corpus = _corpus(args)
+    import tl_geometry as tlg
+    from tl_geometry.io.store import StoreError
+    from tl_geometry.report.competition import write_context_report
+
+    main_process = world is None or world.is_main
+    print(f"loading {args.model} ...", file=sys.stderr)
+    model = tlg.load_model(args.model)
+    if main_process:
+        claim_out(out, args)
+    if world is not None:
+        world.barrier()
+    try:
+        table = tlg.context_scaling(
+            model,
+            corpus,
+            contexts=options["contexts"],
+            targets=args.targets,
+            ns=options["ns"],
+            rank_by=options["rank_by"],
+            renormalize=options["renormalize"],
+            n_docs=args.n_docs,
+            skip_short=args.skip_short,
+            tolerance=args.tolerance,
+            refine=args.refine,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            out_dir=out,
+            progress=not args.no_progress and main_process,
+            world=world,
+        )
+    except StoreError as exc:
+        raise TLGeometryError(f"{exc}; or start over with --force") from None
+    except KeyboardInterrupt:
+        command = resume_command(command_line(args), out)
+        print(
+            f"tl-geometry: interrupted; the points measured are saved in {out}; continue with `{command}`",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    if not main_process:
+        return 0
+    table.to_parquet(out / "context.parquet", index=False)
+    page = write_context_report(out, table, {"model": args.model, "skipped documents": table.attrs["skipped_docs"]})
+    stars = table.drop_duplicates(["context", "rank_by", "renormalize"])
+    for row in stars.itertuples():
+        label = "renormalised" if row.renormalize else "deletion"
+        print(
+            f"L={row.context:<6} {row.rank_by:<12} {label:<12} NLL {row.nll_full:.4f}  N* = {row.n_star}  "
+            f"N*/L = {row.n_star_over_context}"
+        )
+    print(f"report   {page}\ntable    {out / 'context.parquet'}")
+    return 0
+
+
+__all__ = ["add_parser", "context_command"]

@@ -1,0 +1,154 @@
+"""Report sections of selection under competition (definitions §9), and the pages of ``tl-geometry context`` and ``fact``.
+
+Context scaling: ``N*_tau`` and ``N*_tau / L`` per context length with the full loss, and the
+figure :func:`tl_geometry.plot.n_star_by_context`. The supporting fact: the fact's mass and rank
+at the answer query against background, the answer's loss for each ``N``, and the figures
+:func:`tl_geometry.plot.fact_attention` and :func:`tl_geometry.plot.fact_loss`.
+
+Examples
+--------
+>>> import tempfile, pandas as pd
+>>> table = pd.DataFrame({"context": [128, 256], "rank_by": "attention", "renormalize": False, "n": 16,
+...                       "nll_full": [3.0, 2.9], "n_star": pd.array([16, 32], dtype="Int64"),
+...                       "n_star_over_context": [0.125, 0.125], "tolerance": 0.05, "n_docs": 8, "targets": 32})
+>>> page = write_context_report(tempfile.mkdtemp(), table)
+>>> "N*_tau / L" in page.read_text()
+True
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tl_geometry.io.files import write_atomic
+from tl_geometry.report.figures import ReportFigure
+from tl_geometry.report.page import footer_html, meta_html, page_html, section_html
+from tl_geometry.report.sections import Summary
+
+CONTEXT_SECTION = "context"
+FACT_SECTION = "fact"
+
+
+def context_summary(table: pd.DataFrame) -> Summary:
+    """``N*_tau`` and ``N*_tau / L`` per context, ranking and renormalisation, with the full loss."""
+    stars = table.drop_duplicates(["context", "rank_by", "renormalize"])[
+        ["context", "rank_by", "renormalize", "nll_full", "n_star", "n_star_over_context"]
+    ]
+    first = table.iloc[0]
+    lead = (
+        f"The same last {int(first.targets)} tokens of each of {int(first.n_docs)} documents, predicted from contexts "
+        f"of L tokens (definitions §9); N*_tau (tau = {float(first.tolerance):g}) is the smallest size measured whose "
+        "relative loss increase over those targets is at most tau. The follow-up paper finds N* growing with L while "
+        "N*/L falls."
+    )
+    by_n = table.pivot_table(index="n", columns=["context", "renormalize"], values="delta_nll_rel")
+    by_n.columns = [f"L={c} ({'renorm' if f else 'del'})" for c, f in by_n.columns]
+    return Summary(
+        available=True,
+        lead=lead,
+        tables=[("N*_tau and N*_tau / L per context", stars), ("delta_nll_rel by N", by_n.reset_index())],
+    )
+
+
+def context_figures(table: pd.DataFrame) -> list[ReportFigure]:
+    from tl_geometry.plot.competition import n_star_by_context
+
+    return [
+        ReportFigure(
+            "N* against context",
+            "N*_tau and N*_tau / L against L, log-log; dotted: renormalised",
+            n_star_by_context(table),
+            CONTEXT_SECTION,
+            source="tl_geometry.plot.n_star_by_context",
+        )
+    ]
+
+
+def fact_summary(result: Any) -> Summary:
+    """Median over heads of the fact's mass and ranks per background size, and the answer's loss per ``N``."""
+    per_head = result.heads.groupby(["amount", "layer", "head"])[["mass", "best_rank", "median_rank"]].median()
+    attention = per_head.groupby("amount").median().reset_index()
+    loss = result.loss.pivot_table(index="amount", columns="n", values="nll", aggfunc="mean")
+    loss.columns = [f"top-{n}" for n in loss.columns]
+    loss.insert(0, "full", result.loss.drop_duplicates(["amount", "fact_id"]).groupby("amount").nll_full.mean())
+    lead = (
+        f"{len(result.facts) or result.config.get('n_facts', '')} facts, each followed by m tokens of background and "
+        "a question whose answer needs it (definitions §9). At the query predicting the answer, per head: the fact "
+        "tokens' attention mass, best and median rank (1 = highest weight). The follow-up paper finds background "
+        "lowering the fact's rank and mass."
+    )
+    return Summary(
+        available=True,
+        lead=lead,
+        tables=[
+            ("Fact attention at the answer query (median over heads of each head's median over facts)", attention),
+            ("Answer NLL (mean over facts)", loss.reset_index()),
+        ],
+    )
+
+
+def fact_figures(result: Any, head: tuple[int, int] | None = None) -> list[ReportFigure]:
+    from tl_geometry.plot.competition import fact_attention, fact_loss
+
+    return [
+        ReportFigure(
+            "Fact mass and rank against background",
+            "median and quartiles over heads",
+            fact_attention(result, head),
+            FACT_SECTION,
+            source="tl_geometry.plot.fact_attention",
+        ),
+        ReportFigure(
+            "Answer loss against background",
+            "full attention and top-N",
+            fact_loss(result),
+            FACT_SECTION,
+            source="tl_geometry.plot.fact_loss",
+        ),
+    ]
+
+
+def _write_page(out_dir: str | Path, key: str, title: str, summary: Summary, figures: list, config: dict) -> Path:
+    section, _ = section_html(key, summary, figures, 0)
+    meta = meta_html([("Settings", [(str(k), str(v)) for k, v in config.items()])])
+    page = page_html(title, meta, [(key, title, True)], [section], footer_html(str(out_dir)))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return write_atomic(out / "index.html", lambda p: p.write_text(page, encoding="utf-8"))
+
+
+def write_context_report(out_dir: str | Path, table: pd.DataFrame, config: dict | None = None) -> Path:
+    """Write ``out_dir/index.html`` with the context-scaling section; self-contained."""
+    return _write_page(
+        out_dir,
+        CONTEXT_SECTION,
+        "tl_geometry context scaling",
+        context_summary(table),
+        context_figures(table),
+        config or {},
+    )
+
+
+def write_fact_report(out_dir: str | Path, result: Any, head: tuple[int, int] | None = None) -> Path:
+    """Write ``out_dir/index.html`` with the supporting-fact section; self-contained."""
+    return _write_page(
+        out_dir,
+        FACT_SECTION,
+        "tl_geometry supporting fact",
+        fact_summary(result),
+        fact_figures(result, head),
+        result.config,
+    )
+
+
+__all__ = [
+    "context_figures",
+    "context_summary",
+    "fact_figures",
+    "fact_summary",
+    "write_context_report",
+    "write_fact_report",
+]
