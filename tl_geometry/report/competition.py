@@ -8,7 +8,7 @@ at the answer query against background, the answer's loss for each ``N``, and th
 Examples
 --------
 >>> import tempfile, pandas as pd
->>> table = pd.DataFrame({"context": [128, 256], "rank_by": "attention", "renormalize": False, "n": 16,
+>>> table = pd.DataFrame({"context": [128, 256], "rank_by": "attention", "renormalize": False, "n": 16, "delta_nll_rel": 0.01,
 ...                       "nll_full": [3.0, 2.9], "n_star": pd.array([16, 32], dtype="Int64"),
 ...                       "n_star_over_context": [0.125, 0.125], "tolerance": 0.05, "n_docs": 8, "targets": 32})
 >>> page = write_context_report(tempfile.mkdtemp(), table)
