@@ -116,8 +116,9 @@ def context_windows(docs: Sequence[Sequence[int]], context: int, targets: int, b
 
 def check_context_inputs(info: ModelInfo, contexts: list[int], targets: Any, n_docs: Any) -> tuple[int, int | None]:
     """``targets`` (``1 <= T < min(contexts)``) and ``n_docs``, against the model's context."""
-    if isinstance(targets, bool) or not isinstance(targets, numbers.Integral) or targets < 1:
+    if isinstance(targets, bool) or not isinstance(targets, numbers.Integral) or int(targets) < 1:
         raise InputError(f"targets must be an integer >= 1 (the last tokens of each document), got {targets!r}")
+    targets = int(targets)
     if targets >= contexts[0]:
         raise InputError(
             f"targets={targets} is not below the shortest context {contexts[0]}: use T < L for every context"

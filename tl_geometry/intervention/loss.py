@@ -58,7 +58,7 @@ def check_targets(targets: Any, seq_len: int) -> int:
     """The number of targets per window: ``targets`` in ``1..seq_len - 1`` (None: all ``seq_len - 1``)."""
     if targets is None:
         return seq_len - 1
-    if isinstance(targets, bool) or not isinstance(targets, numbers.Integral) or not 1 <= targets <= seq_len - 1:
+    if isinstance(targets, bool) or not isinstance(targets, numbers.Integral) or not 1 <= int(targets) <= seq_len - 1:
         raise InputError(
             f"targets must be an integer in 1..{seq_len - 1} (the last positions of a window of {seq_len} tokens "
             f"that are predicted), got {targets!r}"
