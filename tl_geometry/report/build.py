@@ -182,15 +182,14 @@ def _sections(
         "diagnostics": diagnostics_summary(result),
         "taxonomy": taxonomy_summary(heads, why_no_heads),
         "head_types": head_types_summary(head_types),
-        "sparsification": None,  # its own page: tl_geometry.report.sparsification (tl-geometry sparsify)
-        "other": None,
+        # their own pages: tl-geometry sparsify, budgets, context and fact (tl_geometry.report.*)
     }
     by_section: dict[str, list[ReportFigure]] = {key: [] for key in SECTIONS}
     for fig in figs:
         by_section[fig.section or "other"].append(fig)
     sections, nav, index = [], [], 0
     for key, label in SECTIONS.items():
-        summary = summaries[key]
+        summary = summaries.get(key)
         if summary is None and not by_section[key]:
             continue  # "More figures" only when there are some
         text, index = section_html(key, summary, by_section[key], index, kappa)
