@@ -1,0 +1,48 @@
+"""``make test`` runs every suite even when one fails, names the failed ones, and exits non-zero."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Stand-in suites appended to a copy of the Makefile: one fails between two that pass.
+STUBS = """
+ok-first:
+\ttouch first.ran
+broken:
+\tfalse
+ok-last:
+\ttouch last.ran
+"""
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_test_runs_every_suite_and_reports_the_failed_ones(tmp_path: Path) -> None:
+    (tmp_path / "Makefile").write_text((ROOT / "Makefile").read_text() + STUBS)
+    done = subprocess.run(
+        ["make", "test", "SUITES=ok-first broken ok-last"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode != 0
+    assert (tmp_path / "first.ran").exists() and (tmp_path / "last.ran").exists()  # not stopped at `broken`
+    assert "FAILED: broken" in done.stderr
+
+
+def test_make_test_runs_every_suite_of_ci() -> None:
+    suites = re.search(r"^SUITES := (.*)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert suites is not None
+    assert suites.group(1).split() == [
+        "lint",
+        "imports",
+        "typecheck",
+        "doctest",
+        "wheel-check",
+        "test-main",
+        "test-tl3",
+    ]
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
