@@ -17,6 +17,10 @@ from tl_geometry.taxonomy.tables import regime_feature_table
 OTHER_GRIDS = {
     # one forward pass over the corpus per N: a grid of powers of two, not the analysis grid
     "tl_geometry.intervention.curve.sparsification_curve",
+    # the same per context length (it calls sparsification_curve)
+    "tl_geometry.competition.context.context_scaling",
+    # one top-N pass per (background amount, N): a few sizes, not the analysis grid
+    "tl_geometry.competition.fact.supporting_fact",
 }
 
 

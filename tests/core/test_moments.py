@@ -78,7 +78,10 @@ def test_reduce_equals_merging_one_by_one(groups: list[list[float]], off: float)
     one_by_one = Moments.zeros(())
     for s in states:
         one_by_one = one_by_one.merge(s)
-    assert_same(stacked.reduce(0), one_by_one)
+    # the mean is kept to about eps * |mean| (docs/scaling.md): the merge order may move a spread
+    # that is small next to the offset by that much, relative to the spread
+    rounding = 4e-16 * abs(off) / max(one_by_one.std().nan_to_num(0).item(), 1e-300)
+    assert_same(stacked.reduce(0), one_by_one, rel=1e-12 + rounding)
 
 
 @settings(max_examples=100, deadline=None)
