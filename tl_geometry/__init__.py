@@ -20,7 +20,7 @@ import sys as _sys
 from importlib import import_module
 from importlib import metadata as _metadata
 from pathlib import Path as _Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 def _started_as_command_line() -> bool:
@@ -37,35 +37,73 @@ def _started_as_command_line() -> bool:
 if "torch" not in _sys.modules and _started_as_command_line():
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from tl_geometry import corpus, moved
-from tl_geometry.competition import context_scaling, head_budgets, supporting_fact
-from tl_geometry.core.separability import precision_recall_at_radius, separability
-from tl_geometry.core.sizes import log_spaced_ns
-from tl_geometry.corpus import corpus_tokens
-from tl_geometry.errors import InputError, ModelError, TLGeometryError
-from tl_geometry.intervention import (
-    SparsificationCurve,
-    geometry_vs_function,
-    load_curve,
-    localized_loss,
-    sparsification_curve,
-    top_n_attention,
-)
-from tl_geometry.models import ModelInfo, describe_model, load_model
-from tl_geometry.pipeline.analysis import analyze
-from tl_geometry.pipeline.cache import analyze_cache
-from tl_geometry.pipeline.result import AnalysisResult, load_result
-from tl_geometry.pipeline.settings import AnalysisSettings
-from tl_geometry.taxonomy import classify_heads, head_types, join_heads, regime_clusters, regime_function
+from tl_geometry import moved
+
+if TYPE_CHECKING:
+    from tl_geometry import corpus
+    from tl_geometry.competition import context_scaling, head_budgets, supporting_fact
+    from tl_geometry.core.separability import precision_recall_at_radius, separability
+    from tl_geometry.core.sizes import log_spaced_ns
+    from tl_geometry.corpus import corpus_tokens
+    from tl_geometry.errors import InputError, ModelError, TLGeometryError
+    from tl_geometry.intervention import (
+        SparsificationCurve,
+        geometry_vs_function,
+        load_curve,
+        localized_loss,
+        sparsification_curve,
+        top_n_attention,
+    )
+    from tl_geometry.models import ModelInfo, describe_model, load_model
+    from tl_geometry.pipeline.analysis import analyze
+    from tl_geometry.pipeline.cache import analyze_cache
+    from tl_geometry.pipeline.result import AnalysisResult, load_result
+    from tl_geometry.pipeline.settings import AnalysisSettings
+    from tl_geometry.taxonomy import classify_heads, head_types, join_heads, regime_clusters, regime_function
+
+#: The module that holds each top-level name. A name loads its module on first use: ``import
+#: tl_geometry`` imports neither torch nor pandas, and ``tl-geometry --help`` stays fast.
+HOMES = {
+    "load_model": "tl_geometry.models",
+    "describe_model": "tl_geometry.models",
+    "ModelInfo": "tl_geometry.models",
+    "corpus_tokens": "tl_geometry.corpus",
+    "analyze": "tl_geometry.pipeline.analysis",
+    "analyze_cache": "tl_geometry.pipeline.cache",
+    "AnalysisSettings": "tl_geometry.pipeline.settings",
+    "AnalysisResult": "tl_geometry.pipeline.result",
+    "load_result": "tl_geometry.pipeline.result",
+    "separability": "tl_geometry.core.separability",
+    "precision_recall_at_radius": "tl_geometry.core.separability",
+    "log_spaced_ns": "tl_geometry.core.sizes",
+    "top_n_attention": "tl_geometry.intervention",
+    "sparsification_curve": "tl_geometry.intervention",
+    "SparsificationCurve": "tl_geometry.intervention",
+    "load_curve": "tl_geometry.intervention",
+    "localized_loss": "tl_geometry.intervention",
+    "geometry_vs_function": "tl_geometry.intervention",
+    "context_scaling": "tl_geometry.competition",
+    "supporting_fact": "tl_geometry.competition",
+    "head_budgets": "tl_geometry.competition",
+    "classify_heads": "tl_geometry.taxonomy",
+    "regime_clusters": "tl_geometry.taxonomy",
+    "join_heads": "tl_geometry.taxonomy",
+    "regime_function": "tl_geometry.taxonomy",
+    "head_types": "tl_geometry.taxonomy",
+    "TLGeometryError": "tl_geometry.errors",
+    "InputError": "tl_geometry.errors",
+    "ModelError": "tl_geometry.errors",
+}
 
 try:  # the version lives in pyproject.toml only; an installed package (editable too) carries it
     __version__ = _metadata.version("tl-geometry")
 except _metadata.PackageNotFoundError:  # a source tree on sys.path that was never installed
     __version__ = "0+unknown"
 
-#: Sub-packages imported on first attribute access (``tlg.plot`` imports plotly only then).
+#: Sub-packages and modules imported on first attribute access (``tlg.plot`` imports plotly only then).
 SUBPACKAGES = (
     "capture",
+    "corpus",
     "cli",
     "competition",
     "core",
@@ -84,13 +122,17 @@ moved.install_finder()
 
 
 def __getattr__(name: str) -> Any:
+    if name in HOMES:
+        value = getattr(import_module(HOMES[name]), name)
+        globals()[name] = value  # once: later lookups do not come here
+        return value
     if name in SUBPACKAGES:
         return import_module(f"tl_geometry.{name}")
     return moved.moved_attribute(__name__, name)
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *SUBPACKAGES})
+    return sorted({*globals(), *HOMES, *SUBPACKAGES})
 
 
 __all__ = [

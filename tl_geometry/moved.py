@@ -149,6 +149,7 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         warn_moved(module.__name__, new)
         target = importlib.import_module(new)
         module.__dict__.update({k: v for k, v in vars(target).items() if not k.startswith("__")})
+        module.__getattr__ = lambda name: getattr(target, name)  # type: ignore[method-assign]  # names a package loads on first use
         module.__doc__ = f"Moved to {new}."
 
 

@@ -336,7 +336,7 @@ def test_scale_dependence_of_the_lower_bound():
     """Precision and recall are invariant to v -> c v; the lower bounds are not (Delta/B ~ a)."""
     w, v = _row(k_keys=10, d=32, seed=4)
     lows = [bounds(w, c * v).precision_lower[1:-1] for c in (1.0, 1e3)]
-    seps = [tl_geometry.core.separability(w, c * v).precision for c in (1.0, 1e3)]
+    seps = [tl_geometry.separability(w, c * v).precision for c in (1.0, 1e3)]
     assert torch.allclose(seps[0], seps[1])
     assert not torch.allclose(lows[0], lows[1])
 
@@ -404,7 +404,7 @@ def _mc_check(d, beta, p_sink, lam, c, rho0, draws=48, k_keys=32):
     profile = _profile(k_keys, p_sink)
     sim = SimilarityModel(beta, rho0)
     weights, values = draw_rows(profile, sim, c, lam, d, draws, seed=11)
-    sep = tl_geometry.core.separability(weights, values)
+    sep = tl_geometry.separability(weights, values)
     bnd = bounds(weights[:1], values[:1], rho=sim)  # deterministic under the model: one row suffices
     mean_p, mean_r = sep.precision.mean(0), sep.recall.mean(0)
     # Monte Carlo slack: three standard errors of the mean

@@ -76,13 +76,12 @@ def _summary(doc: str) -> str:
 
 def _preset_description() -> str:
     """What the defaults of ``run`` are, and how they differ from ``tlg.analyze``'s."""
-    from tl_geometry.pipeline.settings import CLI_PRESET, AnalysisSettings, cli_flag, cli_text
+    from tl_geometry.pipeline.settings import AnalysisSettings, cli_default, cli_flag, cli_text
 
-    api = AnalysisSettings()
     differ = [
-        f"{cli_flag(f)} {cli_text(getattr(CLI_PRESET, f.name))} (tlg.analyze: {cli_text(getattr(api, f.name))})"
+        f"{cli_flag(f)} {cli_text(cli_default(f))} (tlg.analyze: {cli_text(f.default)})"
         for f in fields(AnalysisSettings)
-        if getattr(CLI_PRESET, f.name) != getattr(api, f.name)
+        if cli_default(f) != f.default
     ]
     absent = [f.name for f in fields(AnalysisSettings) if cli_flag(f) is None]
     return (
@@ -99,14 +98,14 @@ def add_settings_options(parser: argparse.ArgumentParser) -> None:
     Every option's argparse default is None (not given): :func:`settings_from_args` takes the
     preset's value then, so the help shows the preset's and nothing else decides it.
     """
-    from tl_geometry.pipeline.settings import CLI_PRESET, AnalysisSettings, CliForm, cli_flag, cli_text
+    from tl_geometry.pipeline.settings import AnalysisSettings, CliForm, cli_default, cli_flag, cli_text
 
     for f in fields(AnalysisSettings):
         form = f.metadata["cli"]
         flag = cli_flag(f)
         if not isinstance(form, CliForm) or flag is None:
             continue
-        default = cli_text(getattr(CLI_PRESET, f.name))
+        default = cli_text(cli_default(f))
         summary = _summary(f.metadata["doc"])
         if isinstance(f.default, bool):
             parser.add_argument(flag, action=_Switch, default=None, help=f"{summary} (default: {default})")

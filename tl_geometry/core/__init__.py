@@ -3,6 +3,7 @@
 No model, no files: tensors in, tensors out. Everything above this layer builds on it.
 
 * :mod:`~tl_geometry.core.rankings` — the orders that define the top-``N`` set ``I_N``;
+* :mod:`~tl_geometry.core.ranking_checks` — the rankings and distances by name, their checks (no torch);
 * :mod:`~tl_geometry.core.sizes` — the grids of selection sizes ``N``;
 * :mod:`~tl_geometry.core.separability` — precision, recall and F-scores of one row per call;
 * :mod:`~tl_geometry.core.query_engine` — the same for every query position of a window at once;
@@ -12,16 +13,43 @@ No model, no files: tensors in, tensors out. Everything above this layer builds 
 * :mod:`~tl_geometry.core.layouts` — which keys a row is measured over: query positions and
   TransformerLens' layouts (``layout="tl"``);
 * :mod:`~tl_geometry.core.threads` — torch's CPU threads during an analysis: the CPUs free now.
+
+``tl_geometry.core.separability`` is the module; the function is ``tlg.separability``
+(``tl_geometry.core.separability.separability``).
 """
 
-from tl_geometry.core.query_engine import separability_queries
-from tl_geometry.core.separability import (
-    PrecisionRecallAtRadius,
-    Separability,
-    precision_recall_at_radius,
-    separability,
-)
-from tl_geometry.core.sizes import DEFAULT_NS, log_spaced_ns, resolve_ns
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tl_geometry.core.query_engine import separability_queries
+    from tl_geometry.core.separability import (
+        PrecisionRecallAtRadius,
+        Separability,
+        precision_recall_at_radius,
+    )
+    from tl_geometry.core.sizes import DEFAULT_NS, log_spaced_ns, resolve_ns
+
+#: The module that holds each name of ``__all__``; a name loads its module on first use, so that
+#: importing one module of ``core`` (``ranking_checks``) does not import torch.
+HOMES = {
+    "DEFAULT_NS": "tl_geometry.core.sizes",
+    "PrecisionRecallAtRadius": "tl_geometry.core.separability",
+    "Separability": "tl_geometry.core.separability",
+    "log_spaced_ns": "tl_geometry.core.sizes",
+    "precision_recall_at_radius": "tl_geometry.core.separability",
+    "resolve_ns": "tl_geometry.core.sizes",
+    "separability_queries": "tl_geometry.core.query_engine",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in HOMES:
+        value = getattr(import_module(HOMES[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_NS",
@@ -30,6 +58,5 @@ __all__ = [
     "log_spaced_ns",
     "precision_recall_at_radius",
     "resolve_ns",
-    "separability",
     "separability_queries",
 ]

@@ -4,7 +4,8 @@ A ranking scores every key ``i``; ``I_N`` is the ``N`` keys of highest score, ti
 index (a stable sort): ``"attention"`` (``alpha_i``, the default), ``"contribution"``
 (``alpha_i ||v_i||``), ``"sink_window"`` (the sink, then the most recent keys) and ``"random"``
 (a seeded uniform permutation keyed by the row's origin, so a row gets the same draws in any batch
-and after a resume; docs/rankings.md). :func:`selection_order` and :func:`top_n_mask` turn scores
+and after a resume; docs/rankings.md); their names and checks are in
+:mod:`tl_geometry.core.ranking_checks`. :func:`selection_order` and :func:`top_n_mask` turn scores
 into the order and the set; the engines and the intervention share them.
 
 Examples
@@ -29,7 +30,6 @@ True
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, Sequence
 
 import numpy as np
@@ -38,92 +38,28 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_geometry.core.checks import typechecked
+from tl_geometry.core.ranking_checks import (
+    DEFAULT_N_RANDOM,
+    DETERMINISTIC_RANKINGS,
+    DISTANCES,
+    RANKINGS,
+    SEED_MAX,
+    SEED_MIN,
+    check_distance,
+    check_n_random,
+    check_rank_by,
+    check_rankings,
+    check_seed,
+    seed_word,
+)
 from tl_geometry.errors import InputError
 
-#: Every ranking ``rank_by`` may name (definitions §7).
-RANKINGS = ("attention", "contribution", "random", "sink_window")
-#: The rankings whose order depends on the row's own numbers only (one "draw").
-DETERMINISTIC_RANKINGS = ("attention", "contribution", "sink_window")
-#: Every distance ``distance`` may name (definitions §7).
-DISTANCES = ("euclidean", "cosine")
 #: The constant in the cosine distance ``1 - <y, s> / (||y|| ||s|| + COSINE_EPS)`` (definitions §7).
 COSINE_EPS = 1e-12
-#: Default number of random draws per row for ``rank_by="random"``.
-DEFAULT_N_RANDOM = 16
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 _MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
 _MIX2 = -7723592293110705685  # 0x94D049BB133111EB
-
-
-# ----------------------------------------------------------------------------- checks
-
-
-def check_rank_by(rank_by: Any) -> str:
-    """``rank_by`` if it names a ranking; otherwise one :class:`InputError` listing them."""
-    if not isinstance(rank_by, str) or rank_by not in RANKINGS:
-        raise InputError(f"rank_by={rank_by!r} is not a ranking: use one of {', '.join(map(repr, RANKINGS))}")
-    return rank_by
-
-
-def check_rankings(rank_by: Any) -> tuple[str, ...]:
-    """One ranking or several (a string or a sequence of strings) as a tuple without duplicates, in order.
-
-    >>> check_rankings("attention"), check_rankings(["attention", "random", "attention"])
-    (('attention',), ('attention', 'random'))
-    """
-    names = [rank_by] if isinstance(rank_by, str) else rank_by
-    if not isinstance(names, (Sequence, np.ndarray)) or len(names) == 0:
-        raise InputError(
-            f"rank_by must be a ranking or a non-empty list of them ({', '.join(RANKINGS)}), got {rank_by!r}"
-        )
-    return tuple(dict.fromkeys(check_rank_by(name) for name in names))
-
-
-def check_distance(distance: Any) -> str:
-    """``distance`` if it names a distance; otherwise one :class:`InputError` listing them."""
-    if not isinstance(distance, str) or distance not in DISTANCES:
-        raise InputError(f"distance={distance!r} is not a distance: use one of {', '.join(map(repr, DISTANCES))}")
-    return distance
-
-
-def check_n_random(n_random: Any) -> int:
-    """``n_random`` (draws of the random control) as an int >= 1; otherwise one :class:`InputError`."""
-    if isinstance(n_random, (bool, np.bool_)) or not isinstance(n_random, numbers.Integral) or n_random < 1:
-        raise InputError(f"n_random must be an integer >= 1 (the number of random draws per row), got {n_random!r}")
-    return int(n_random)
-
-
-#: Seeds are 64-bit words: any integer in ``[SEED_MIN, SEED_MAX]`` (its two's-complement bits).
-SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
-
-
-def check_seed(seed: Any) -> int:
-    """``seed`` as an int in ``[-2^63, 2^64 - 1]``; otherwise one :class:`InputError`.
-
-    A seed is hashed as the 64 bits of its two's complement, so ``2^64 - 1`` and ``-1`` are the
-    same seed (see :func:`seed_word`).
-
-    >>> check_seed(2**64)
-    Traceback (most recent call last):
-    ...
-    tl_geometry.errors.InputError: seed must be an integer from -2**63 to 2**64 - 1 (a 64-bit word), got 18446744073709551616
-    """
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
-        raise InputError(f"seed must be an integer, got {seed!r}")
-    if not SEED_MIN <= int(seed) <= SEED_MAX:
-        raise InputError(f"seed must be an integer from -2**63 to 2**64 - 1 (a 64-bit word), got {seed!r}")
-    return int(seed)
-
-
-def seed_word(seed: int) -> int:
-    """The signed int64 holding the 64 bits of ``seed`` (``seed`` as checked by :func:`check_seed`).
-
-    >>> seed_word(2**64 - 1), seed_word(7)
-    (-1, 7)
-    """
-    seed = check_seed(seed)
-    return seed - (1 << 64) if seed > (1 << 63) - 1 else seed
 
 
 # ----------------------------------------------------------------------------- hashing

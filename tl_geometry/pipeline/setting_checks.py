@@ -19,16 +19,20 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable, Mapping, Sequence
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
-import torch
 
 from tl_geometry.errors import InputError
-from tl_geometry.theory.bounds import SimilarityModel, resolve_rho
+
+if TYPE_CHECKING:  # torch and the bounds load with the first settings built, not with this module
+    import torch
+
+    from tl_geometry.theory.bounds import SimilarityModel
 
 #: Precisions the separability computation runs in (the model itself may run in any dtype).
-DTYPES = {"torch.float64": torch.float64, "torch.float32": torch.float32}
+DTYPES = ("torch.float64", "torch.float32")
 #: The words ``query_positions`` accepts besides positions.
 QUERY_WORDS = ("last", "all")
 
@@ -63,7 +67,8 @@ def flag(what: str) -> Callable[[Any], bool]:
 
 def ints(values: Any, what: str) -> tuple[int, ...]:
     """A sequence (list, tuple, 1-D array or tensor) of integers as a tuple of ints, in order."""
-    if isinstance(values, torch.Tensor):
+    torch = sys.modules.get("torch")  # a tensor exists only once torch is imported
+    if torch is not None and isinstance(values, torch.Tensor):
         values = values.tolist()
     elif isinstance(values, np.ndarray):
         values = values.tolist() if values.dtype != np.bool_ else list(values)
@@ -135,6 +140,8 @@ def check_layers(value: Any) -> tuple[int, ...] | None:
 
 
 def check_dtype(value: Any) -> torch.dtype:
+    import torch
+
     name = str(value)
     if not name.startswith("torch."):
         name = "torch." + name
@@ -143,7 +150,7 @@ def check_dtype(value: Any) -> torch.dtype:
             f"dtype={value!r} is not supported: use torch.float64 (default) or torch.float32 (the precision of the "
             "computation; the model itself may run in any dtype)"
         )
-    return DTYPES[name]
+    return getattr(torch, name.removeprefix("torch."))
 
 
 def check_k_max(value: Any) -> int | None:
@@ -160,6 +167,10 @@ def check_kappa(value: Any) -> float:
 
 
 def check_rho(value: Any) -> str | SimilarityModel:
+    if isinstance(value, str) and value == "measured":
+        return value
+    from tl_geometry.theory.bounds import resolve_rho
+
     if isinstance(value, list):  # the JSON form of ("model", beta, rho_0)
         value = tuple(value)
     model = resolve_rho(value)

@@ -29,10 +29,7 @@ import textwrap
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping, get_type_hints
 
-import torch
-
-from tl_geometry.core.layouts import resolve_query_positions
-from tl_geometry.core.rankings import (
+from tl_geometry.core.ranking_checks import (
     DEFAULT_N_RANDOM,
     DISTANCES,
     RANKINGS,
@@ -41,9 +38,8 @@ from tl_geometry.core.rankings import (
     check_rankings,
     check_seed,
 )
-from tl_geometry.core.sizes import DEFAULT_NS, resolve_ns
+from tl_geometry.core.size_names import DEFAULT_NS
 from tl_geometry.errors import InputError
-from tl_geometry.io.store import describe_differences
 from tl_geometry.pipeline.setting_checks import (
     QUERY_WORDS,
     check_dtype,
@@ -221,12 +217,12 @@ class AnalysisSettings:
             cli=CliForm(type=int),
         ),
     )
-    dtype: torch.dtype = field(
-        default=torch.float64,
+    dtype: Any = field(
+        default="float64",  # checked into torch.float64; a name here keeps torch out of the parser
         metadata=setting(
             check_dtype,
             str,
-            type="torch.float64 or torch.float32",
+            type='torch.float64, torch.float32 or their names "float64", "float32"',
             doc="Precision of the separability computation. The model itself may run in any dtype; "
             "float32 screens separability in float32 and re-decides near ties in float64 (identical counts).",
             cli=CliForm(flag="--analysis-dtype", choices=("float64", "float32")),
@@ -396,6 +392,8 @@ class AnalysisSettings:
 
     def differences(self, other: "AnalysisSettings | Mapping[str, Any]") -> list[str]:
         """``"name (mine vs theirs)"`` for every result-changing setting that differs from ``other``."""
+        from tl_geometry.io.store import describe_differences
+
         theirs = other.identity() if isinstance(other, AnalysisSettings) else dict(other)
         return describe_differences(self.identity(), theirs)
 
@@ -406,6 +404,9 @@ class AnalysisSettings:
         Checks that the layers exist, the positions lie inside the window and every ``N`` fits the
         rows of every position (``N <= q + 1``); raises :class:`InputError` otherwise.
         """
+        from tl_geometry.core.layouts import resolve_query_positions
+        from tl_geometry.core.sizes import resolve_ns
+
         layers = list(range(n_layers)) if self.layers is None else list(self.layers)
         bad = [layer for layer in layers if layer >= n_layers]
         if bad:
@@ -453,7 +454,7 @@ def cli_flag(f: Any) -> str | None:
 
 def cli_text(value: Any) -> str:
     """A normalised setting value as command-line text (``("attention", "random")`` -> ``attention,random``)."""
-    if isinstance(value, torch.dtype):
+    if type(value).__module__ == "torch":  # a dtype (torch itself is not imported for the parser)
         return str(value).removeprefix("torch.")
     if isinstance(value, (tuple, list)):
         return ",".join(str(v) for v in value)
@@ -475,7 +476,7 @@ def _cli_line(f: Any) -> str:
     form, flag = f.metadata["cli"], cli_flag(f)
     if not isinstance(form, CliForm) or flag is None:
         return f"No ``tl-geometry run`` option: {form}."
-    value = getattr(CLI_PRESET, f.name)
+    value = cli_default(f)
     if isinstance(f.default, bool):
         return f"``tl-geometry run``: ``{flag}`` / ``--no-{flag[2:]}`` (default {cli_text(value)})."
     also = f" or ``{form.stride} K``" if form.stride else ""
@@ -524,19 +525,39 @@ def signature_with_settings(fn: Callable) -> inspect.Signature:
     return signature.replace(parameters=[*positional, *settings_parameters_signature(), *keywords])
 
 
-#: The settings ``tl-geometry run`` starts from: its options' defaults. ``analyze`` defaults to the
-#: cheapest measurement (attention alone), for notebooks that ask for more; the command line runs
-#: the full study in one go because its report shows all of it: the random control next to
-#: attention, the assumption diagnostics and the theorems' envelopes.
-CLI_PRESET = AnalysisSettings(rank_by=("attention", "random"), diagnostics=True, bounds=True)
+#: Where ``tl-geometry run``'s defaults differ from ``analyze``'s (normalised values): ``analyze``
+#: defaults to the cheapest measurement (attention alone), for notebooks that ask for more; the
+#: command line runs the full study in one go because its report shows all of it: the random
+#: control next to attention, the assumption diagnostics and the theorems' envelopes.
+CLI_CHANGES: dict[str, Any] = {"rank_by": ("attention", "random"), "diagnostics": True, "bounds": True}
+
+#: The settings ``tl-geometry run`` starts from (its options' defaults): ``AnalysisSettings()`` with
+#: :data:`CLI_CHANGES`. Built on first use (building settings imports torch).
+CLI_PRESET: AnalysisSettings
+
+
+def cli_default(f: Any) -> Any:
+    """The value of the setting ``f`` (a dataclass field) in :data:`CLI_PRESET`, without building it (no torch)."""
+    return CLI_CHANGES.get(f.name, f.default)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CLI_PRESET":
+        preset = AnalysisSettings(**CLI_CHANGES)
+        globals()[name] = preset
+        return preset
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 AnalysisSettings.__doc__ = fill_settings_doc(AnalysisSettings.__doc__)
 
 __all__ = [
     "AnalysisSettings",
+    "CLI_CHANGES",
     "CLI_PRESET",
     "CliForm",
     "check_names",
+    "cli_default",
     "combine_settings",
     "cli_flag",
     "cli_text",
