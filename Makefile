@@ -53,9 +53,8 @@ test:
 	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed" >&2; exit 1; fi; \
 	echo "make test: every suite passed ($(SUITES))"
 
-# ruff: lint rules, import order and formatting, configured in pyproject.toml (the notebook is
-# linted once its tour is rewritten: issue 23, branch firsthour)
-LINTED := tl_geometry tests benchmarks .ci
+# ruff: lint rules, import order and formatting, configured in pyproject.toml (the notebook too)
+LINTED := tl_geometry tests benchmarks .ci demos
 
 lint: setup
 	$(VENV)/bin/ruff check $(LINTED)
@@ -86,7 +85,7 @@ test-main: setup setup-browser
 	$(PY) -m pytest -q
 
 test-tl3: setup-tl3
-	$(PY_TL3) -m pytest -q tests/pipeline/test_analyze.py tests/pipeline/test_analyze_cache.py tests/test_errors.py tests/intervention/test_intervention_kinds.py
+	$(PY_TL3) -m pytest -q tests/pipeline/test_analyze.py tests/test_errors.py tests/intervention/test_intervention_kinds.py
 
 bench: setup
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_separability.py
