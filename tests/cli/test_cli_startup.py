@@ -47,3 +47,16 @@ def test_the_help_shows_the_defaults_of_the_built_preset() -> None:
     for f in fields(settings.AnalysisSettings):
         shown = settings.cli_text(settings.cli_default(f))
         assert shown == settings.cli_text(getattr(settings.CLI_PRESET, f.name)), f.name
+
+
+def test_every_option_with_a_default_shows_it_in_the_help() -> None:
+    import argparse
+
+    from tl_geometry.cli.app import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in commands.choices.items():
+        for action in parser._actions:
+            if action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+                continue
+            assert "default" in (action.help or ""), f"{name} {action.option_strings[0]} hides its default"

@@ -343,8 +343,10 @@ def _summary_text(result: Any, heads: Any, out: Path, page: Path, load_s: float)
     ]
     if result.value_norms is not None:
         lines.append(
-            f"sink     sink_ratio < 1 in {(result.value_norms.sink_ratio < 1).mean():.0%} of (layer, kv head); "
-            f"median norm_cv {result.value_norms.norm_cv.median():.3f}"
+            f"sink     the first token's value is shorter than the median of the others in "
+            f"{(result.value_norms.sink_ratio < 1).mean():.0%} of (layer, kv head) (sink_ratio < 1); "
+            f"the other values' lengths vary by {result.value_norms.norm_cv.median():.1%} of their mean "
+            "(median norm_cv)"
         )
     lines.append(f"report   {page}")
     lines.append(f"tables   {out}/*.parquet, run.json")
