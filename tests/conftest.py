@@ -29,6 +29,7 @@ __all__ = ["byte_tokenizer", "tiny_gpt2_bridge", "tiny_hooked_transformer", "tin
 SMOLLM2_TESTS = {
     "test_smollm2.py": "integration on the real model",
     "test_demo_notebook.py": "executes demos/tour.ipynb on the real model",
+    "test_docs_code.py::test_every_python_block_runs_as_written": "runs the README's and docs/index.md's code",
     "intervention/test_intervention_smollm2.py": "the intervention against the hand-built transformers restriction",
     "pipeline/test_distributed.py::test_torchrun_smollm2_equals_one_process": "torchrun on the real model",
     "pipeline/test_analyze_cache_smollm2.py": "analyze_cache against analyze on the real model",
@@ -42,6 +43,7 @@ SLOW_TESTS = {
     "pipeline/test_distributed.py::test_torchrun_sparsify_equals_one_process": "starts torchrun",
     "report/test_report_browser.py::test_report_renders_offline_in_chromium": "drives Chromium",
     "cli/test_run_dir.py::test_torchrun_group_is_refused_together": "starts torchrun",
+    "test_docs_code.py::test_every_python_block_runs_as_written": "analyses and intervenes on the real model",
 }
 TESTS = Path(__file__).resolve().parent
 
