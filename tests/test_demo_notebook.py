@@ -32,4 +32,6 @@ def test_demo_notebook_executes(monkeypatch) -> None:
     # the patching study produced one row per regime present, and plotly figures were displayed
     text = "\n".join(str(o.get("data", {}).get("text/plain", "")) for o in outputs)
     assert "effect" in text
+    # the more-studies section ran: head types cross-tabulated, N* per context, attribution effects
+    assert "previous_token" in text and "n_star_over_context" in text
     assert sum("application/vnd.plotly.v1+json" in o.get("data", {}) for o in outputs) >= 6

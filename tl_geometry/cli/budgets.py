@@ -43,11 +43,19 @@ def add_parser(sub: Any) -> None:
     add_source_options(p)
     p.add_argument("--budgets", default="4,8,16,32", help="mean budgets B, a comma list (default 4,8,16,32)")
     p.add_argument(
-        "--rules", default="uniform,geometry,streaming", help="comma list of uniform, loss, geometry, duo, streaming"
+        "--rules",
+        default="uniform,geometry,streaming",
+        help="comma list of uniform, loss, geometry, duo, streaming (default %(default)s)",
     )
-    p.add_argument("--grid", default="4,16,64", help="sizes on which loss, geometry and duo measure heads")
-    p.add_argument("--tolerance", type=float, default=0.01, help="loss rule: localised delta_nll_rel allowed")
-    p.add_argument("--error-tolerance", type=float, default=0.1, help="geometry rule: output error allowed")
+    p.add_argument(
+        "--grid", default="4,16,64", help="sizes on which loss, geometry and duo measure heads (default %(default)s)"
+    )
+    p.add_argument(
+        "--tolerance", type=float, default=0.01, help="loss rule: localised delta_nll_rel allowed (default %(default)s)"
+    )
+    p.add_argument(
+        "--error-tolerance", type=float, default=0.1, help="geometry rule: output error allowed (default %(default)s)"
+    )
     p.add_argument("--batch-size", type=int, default=4, help="windows per forward pass (default 4)")
     add_out_options(p, "runs/budgets", "comparison")
     p.set_defaults(handler=budgets_command)

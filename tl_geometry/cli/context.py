@@ -40,9 +40,11 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--n-docs", type=int, default=8, help="number of documents (default 8)")
     p.add_argument("--skip-short", action="store_true", help="skip documents too short for the longest context")
-    p.add_argument("--contexts", default="128,256,512,1024", help="context lengths L, comma list")
-    p.add_argument("--targets", type=int, default=64, help="T, the last tokens of each document predicted")
-    p.add_argument("--ns", default="pow2", help="sizes N: 'pow2' or a comma list")
+    p.add_argument("--contexts", default="128,256,512,1024", help="context lengths L, comma list (default %(default)s)")
+    p.add_argument(
+        "--targets", type=int, default=64, help="T, the last tokens of each document predicted (default %(default)s)"
+    )
+    p.add_argument("--ns", default="pow2", help="sizes N: 'pow2' or a comma list (default %(default)s)")
     p.add_argument("--rank-by", default="attention", help="comma list of rankings (default attention)")
     p.add_argument(
         "--renormalize",

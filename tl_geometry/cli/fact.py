@@ -30,8 +30,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--model", default="smollm2-135m", help="TransformerLens model name (default smollm2-135m)")
     p.add_argument("--facts", default=None, help="JSON file of [fact, question, answer] lists (default: shipped)")
     p.add_argument("--background", default="python-docs", help="'python-docs' (default) or a text file")
-    p.add_argument("--amounts", default="0,64,256,1024", help="background sizes m in tokens, comma list")
-    p.add_argument("--ns", default="1,4,16,64", help="sizes N of the top-N restriction, comma list")
+    p.add_argument(
+        "--amounts", default="0,64,256,1024", help="background sizes m in tokens, comma list (default %(default)s)"
+    )
+    p.add_argument(
+        "--ns", default="1,4,16,64", help="sizes N of the top-N restriction, comma list (default %(default)s)"
+    )
     p.add_argument("--rank-by", default="attention", help="ranking of the restriction (default attention)")
     p.add_argument("--renormalize", action="store_true", help="renormalise the kept weights")
     p.add_argument("--head", default=None, help="LAYER,HEAD drawn as its own line in the figure")

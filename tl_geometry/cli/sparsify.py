@@ -225,14 +225,15 @@ def _sparsify(args: argparse.Namespace, options: dict, out: Path, world: Any) ->
     page = write_sparsify_report(
         out, curve, n_star, local=local, result=result, correlations=correlations, tolerance=args.tolerance
     )
-    print(_summary(curve, n_star, out, page))
+    print(_summary(curve, n_star, out, page, args.tolerance))
     return 0
 
 
-def _summary(curve: Any, n_star: Any, out: Path, page: Path) -> str:
+def _summary(curve: Any, n_star: Any, out: Path, page: Path, tolerance: float) -> str:
     lines = [
         f"full NLL {curve.nll_full:.4f} nats over {int(curve.table.n_tokens.iloc[0])} targets",
-        "N*  (tau, per ranking):",
+        f"N*  with tau = {tolerance:g}: the smallest N whose loss is at most {tolerance:.0%} above the full "
+        "model's, per ranking:",
     ]
     for row in n_star.itertuples():
         star = "none" if row.n_star is None or str(row.n_star) == "<NA>" else int(row.n_star)

@@ -28,12 +28,13 @@ if TYPE_CHECKING:
         Separability,
         precision_recall_at_radius,
     )
-    from tl_geometry.core.sizes import DEFAULT_NS, log_spaced_ns, resolve_ns
+    from tl_geometry.core.size_names import DEFAULT_NS
+    from tl_geometry.core.sizes import log_spaced_ns, resolve_ns
 
 #: The module that holds each name of ``__all__``; a name loads its module on first use, so that
 #: importing one module of ``core`` (``ranking_checks``) does not import torch.
 HOMES = {
-    "DEFAULT_NS": "tl_geometry.core.sizes",
+    "DEFAULT_NS": "tl_geometry.core.size_names",
     "PrecisionRecallAtRadius": "tl_geometry.core.separability",
     "Separability": "tl_geometry.core.separability",
     "log_spaced_ns": "tl_geometry.core.sizes",

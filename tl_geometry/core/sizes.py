@@ -18,13 +18,12 @@ from torch import Tensor
 
 from tl_geometry.core.checks import typechecked
 from tl_geometry.core.rankings import selection_order
-from tl_geometry.core.size_names import DEFAULT_NS
+from tl_geometry.core.size_names import DEFAULT_NS as DEFAULT_NS  # the grid by name lives without torch
 from tl_geometry.errors import InputError
 
 #: What ``ns`` may be: None / "all" (every N), "log", a sequence of ints, a 1-D int array or tensor.
 #: Checked by :func:`resolve_ns` (with messages that say what to do), not by the type checker.
 NsLike = Any
-
 
 
 def log_spaced_ns(n_keys: int, dense_below: int = 8, per_octave: int = 4) -> list[int]:
