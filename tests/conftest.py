@@ -92,3 +92,19 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """A random grouped-query LLaMA as a plain transformers model and, with the same weights, as a
+    bridge (``intervention_reference.llama_pair``): the intervention tests' hand-built reference."""
+    from intervention_reference import llama_pair
+
+    return llama_pair()
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    """Three windows of 20 random byte tokens for ``pair``."""
+    torch.manual_seed(1)
+    return torch.randint(3, 259, (3, 20))

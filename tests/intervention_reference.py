@@ -13,6 +13,8 @@ import copy
 import torch
 import torch.nn.functional as F
 
+import tl_geometry as tlg
+from tl_geometry.intervention.loss import corpus_nll
 from tl_geometry.testing import byte_tokenizer
 
 
@@ -138,3 +140,9 @@ def ignoring_pattern_edits(bridge):
     for block in model.blocks:
         block.attn.hook_pattern.__class__ = Ignoring
     return model
+
+
+def intervened_nll(model, tokens, **kwargs):
+    """The mean NLL of ``tokens`` under ``tlg.top_n_attention(model, **kwargs)`` (the package's path)."""
+    with tlg.top_n_attention(model, **kwargs):
+        return corpus_nll(model, tokens, batch_size=2, progress=False).nll

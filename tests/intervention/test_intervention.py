@@ -7,30 +7,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from intervention_reference import hf_nll, hf_top_n, ignoring_pattern_edits, llama_pair, restrict_rows_by_sorting
+from intervention_reference import hf_nll, hf_top_n, ignoring_pattern_edits, intervened_nll, restrict_rows_by_sorting
 
 import tl_geometry as tlg
 from tl_geometry.core.rankings import top_n_mask
 from tl_geometry.errors import InputError, ModelError
 from tl_geometry.intervention import restrict_pattern
 from tl_geometry.intervention.loss import corpus_nll
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return llama_pair()
-
-
-@pytest.fixture(scope="module")
-def tokens():
-    torch.manual_seed(1)
-    return torch.randint(3, 259, (3, 20))
-
-
-def intervened_nll(model, tokens, **kwargs):
-    with tlg.top_n_attention(model, **kwargs):
-        loss = corpus_nll(model, tokens, batch_size=2, progress=False)
-    return loss.nll
 
 
 @pytest.mark.parametrize("rank_by", ["attention", "contribution"])

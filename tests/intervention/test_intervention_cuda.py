@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_intervention import intervened_nll
+from intervention_reference import intervened_nll
 
 from tl_geometry.testing import tiny_llama_bridge
 

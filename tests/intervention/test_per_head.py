@@ -8,29 +8,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from intervention_reference import hf_nll, hf_top_n, llama_pair, restrict_heads_by_sorting
+from intervention_reference import hf_nll, hf_top_n, intervened_nll, restrict_heads_by_sorting
 
 import tl_geometry as tlg
 from tl_geometry.errors import InputError
-from tl_geometry.intervention.loss import corpus_nll
 from tl_geometry.intervention.restrict import restrict_pattern_per_head
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return llama_pair()
-
-
-@pytest.fixture(scope="module")
-def tokens():
-    torch.manual_seed(1)
-    return torch.randint(3, 259, (3, 20))
-
-
-def intervened_nll(model, tokens, **kwargs):
-    with tlg.top_n_attention(model, **kwargs):
-        return corpus_nll(model, tokens, batch_size=2, progress=False).nll
-
 
 BUDGET = torch.tensor([[3, 0, 1, 7], [0, 2, 5, -1]])  # 0 and -1: full
 RANKINGS = {(0, 0): "sink_window", (0, 3): "contribution", (1, 1): "sink_window", (1, 2): "contribution"}

@@ -9,7 +9,6 @@ import pandas as pd
 import pytest
 import torch
 from intervention_reference import hf_nll, hf_top_n, ignoring_pattern_edits
-from test_intervention import llama_pair
 
 import tl_geometry as tlg
 from tl_geometry.corpus import from_tokens
@@ -17,11 +16,6 @@ from tl_geometry.errors import InputError, ModelError
 from tl_geometry.intervention import curve as curve_module
 from tl_geometry.intervention.curve import CURVE_COLUMNS, SparsificationCurve
 from tl_geometry.intervention.loss import corpus_nll
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return llama_pair()
 
 
 @pytest.fixture(scope="module")
