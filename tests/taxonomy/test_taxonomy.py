@@ -81,7 +81,7 @@ def test_regime_features_equal_loop_reference(k: int) -> None:
     values = torch.randn(2, 3, k, 5, generator=gen, dtype=torch.float64)
     values[0, 0, min(1, k - 1)] = 0.0  # a zero value vector: its cosines count as 0
     ns = list(range(1, k + 1))
-    f = tx.regime_features(weights, values, ns)
+    f = tx.regime_features(weights, values, ns, query_positions=-1)  # the zero weights are real ones
     assert f.cos_s_v0.shape == (2, 3, k) and f.c_rest.shape == (2, 3)
     for b in range(2):
         for h in range(3):
@@ -526,3 +526,18 @@ def test_shares_pr_curves_and_stability(synthetic_table) -> None:
     vs[:, [0, 1]] = vs[:, [1, 0]]
     changed = tx.classification_stability(acc_a, tx.regime_feature_table(swapped, vs, "log"))
     assert changed.n_changed == 2 and changed.table.changed.tolist()[:2] == [True, True]
+
+
+def test_regime_features_of_a_full_causal_row_are_cut_or_refused() -> None:
+    """Key ``L`` is the query: a full causal row of an earlier query (trailing weights exactly 0) is
+    refused, and with ``query_positions=q`` gives the features of its causal keys (issue 20)."""
+    torch.manual_seed(0)
+    causal = torch.softmax(torch.randn(3, 6, dtype=torch.float64), -1)
+    weights = torch.cat([causal, torch.zeros(3, 6, dtype=torch.float64)], -1)
+    values = torch.randn(3, 12, 4, dtype=torch.float64)
+    with pytest.raises(InputError, match="weight exactly 0"):
+        tx.regime_features(weights, values, "all")
+    cut = tx.regime_features(weights, values, "all", query_positions=5)
+    ref = tx.regime_features(causal, values[:, :6], "all")
+    assert torch.equal(cut.cos_s_vL.nan_to_num(-9), ref.cos_s_vL.nan_to_num(-9))
+    assert torch.equal(cut.rho_0, ref.rho_0)

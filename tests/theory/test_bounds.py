@@ -577,3 +577,19 @@ def test_envelopes_shares_by_hand():
     assert env.loc[2, "recall_inside"] == 1.0
     with pytest.raises(InputError):
         envelopes(df.drop(columns=["recall_upper"]))
+
+
+def test_full_causal_row_of_an_earlier_query_is_cut_or_refused() -> None:
+    """The envelopes never measure a future key (issue 20): a row whose trailing keys weigh exactly 0
+    is refused, and with ``query_positions=q`` equals the envelopes of its causal keys ``0..q``."""
+    torch.manual_seed(0)
+    causal = torch.softmax(torch.randn(3, 6, dtype=torch.float64), -1)
+    weights = torch.cat([causal, torch.zeros(3, 6, dtype=torch.float64)], -1)  # query 5 of a 12-token window
+    values = torch.randn(3, 12, 4, dtype=torch.float64)
+    with pytest.raises(InputError, match="weight exactly 0.*query_positions=q"):
+        bounds(weights, values, "all")
+    cut = bounds(weights, values, "all", query_positions=5)
+    ref = bounds(causal, values[:, :6], "all")
+    assert cut.ns.tolist() == [1, 2, 3, 4, 5, 6]
+    for name in ["precision_lower", "precision_upper", "recall_lower", "recall_upper"]:
+        assert torch.equal(getattr(cut, name).nan_to_num(-9), getattr(ref, name).nan_to_num(-9)), name

@@ -11,6 +11,7 @@ Columns: docs/columns.md#regime_features.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import einops
 import torch
@@ -18,6 +19,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_geometry.core.checks import check_row_inputs, typechecked
+from tl_geometry.core.layouts import causal_rows
 from tl_geometry.core.rankings import selection_order
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
 
@@ -86,6 +88,7 @@ def regime_features(
     ns: NsLike = DEFAULT_NS,
     *,
     dtype: torch.dtype = torch.float64,
+    query_positions: Any = None,
 ) -> RegimeFeatures:
     """The definitions §5 regime features of every attention row, for every selection size ``N``.
 
@@ -100,6 +103,11 @@ def regime_features(
         Selection sizes (see :func:`tl_geometry.core.sizes.resolve_ns`); None is every ``N``.
     dtype : torch.dtype, default torch.float64
         Precision of the computation.
+    query_positions : int, optional
+        The position ``q`` of every row's query: the rows are cut to their causal keys ``0..q``
+        (negative counts from ``K``). None: the rows are taken as they are, and a row whose last
+        weight is exactly 0 (the full causal row of an earlier query) is refused, as in
+        :func:`tl_geometry.separability`; pass ``-1`` if such zeros are real weights.
 
     Returns
     -------
@@ -114,6 +122,7 @@ def regime_features(
     torch.Size([2, 9, 3])
     """
     check_row_inputs(weights, values)
+    weights, values = causal_rows(weights, values, query_positions)
     ns_t = resolve_ns(ns, weights.shape[-1], device=weights.device)
     w, packing = einops.pack([weights.to(dtype)], "* k")
     v, _ = einops.pack([values.to(dtype)], "* k d")

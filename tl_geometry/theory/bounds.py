@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
 
 import einops
 import numpy as np
@@ -26,6 +26,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.core.checks import check_row_inputs, typechecked
+from tl_geometry.core.layouts import causal_rows
 from tl_geometry.core.rankings import selection_order
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
 from tl_geometry.errors import InputError
@@ -166,6 +167,7 @@ def bounds(
     rho: RhoLike = "measured",
     dtype: torch.dtype = torch.float64,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
+    query_positions: Any = None,
 ) -> Bounds:
     """Lower and upper envelopes of Precision and Recall (Theorems 1-2) for every row and ``N``.
 
@@ -189,6 +191,11 @@ def bounds(
     dtype : torch.dtype, default torch.float64
     block_bytes : int, default 64 MiB
         Working-set size of one block of rows; a tuning knob only.
+    query_positions : int, optional
+        The position ``q`` of every row's query: the rows are cut to their causal keys ``0..q``
+        (negative counts from ``K``). None: the rows are taken as they are, and a row whose last
+        weight is exactly 0 (the full causal row of an earlier query) is refused, as in
+        :func:`tl_geometry.separability`; pass ``-1`` if such zeros are real weights.
 
     Returns
     -------
@@ -196,6 +203,7 @@ def bounds(
         ``ns`` and seven ``[*batch, len(ns)]`` tensors; F bounds as properties.
     """
     check_row_inputs(weights, values)
+    weights, values = causal_rows(weights, values, query_positions)
     if not (isinstance(kappa, (int, float)) and math.isfinite(kappa) and kappa > 0):
         raise InputError(f"kappa must be a finite number > 0, got {kappa!r}")
     model = resolve_rho(rho)

@@ -79,7 +79,7 @@ class BoundsObserver(RowMetricsObserver):
         return {**super().settings(), "kappa": float(self.kappa), "rho": str(self.rho), "dtype": str(self.dtype)}
 
     def metrics(self, weights: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        res = bounds(weights, values, self.ns, self.kappa, rho=self.rho, dtype=self.dtype)
+        res = bounds(weights, values, self.ns, self.kappa, rho=self.rho, dtype=self.dtype, query_positions=-1)
         return res.ns, {name: getattr(res, name) for name in BOUND_COLUMNS}
 
     def take(self) -> pd.DataFrame:
