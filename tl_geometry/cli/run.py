@@ -18,7 +18,6 @@ import json
 import shlex
 import sys
 import time
-import warnings
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -281,9 +280,7 @@ def _run(args: argparse.Namespace, settings: Any, device: Any, out: Path, corpus
     result.save(out)
     heads = result.classify_heads(query_pos=result.config["query_positions"][-1])
     heads.to_parquet(out / "heads.parquet", index=False)
-    with warnings.catch_warnings():  # showing GRID_HEADS of all heads is the intent here, not news
-        warnings.filterwarnings("ignore", message=r".*heads chosen; the head grid shows", category=UserWarning)
-        grid = head_grid_html(model, result.tokens[0, :GRID_TOKENS], heads, max_heads=GRID_HEADS)
+    grid = head_grid_html(model, result.tokens[0, :GRID_TOKENS], heads, max_heads=GRID_HEADS)
     (out / "head_grid.html").write_text(grid, encoding="utf-8")
     if args.mean_ablation:
         effects = tlg.intervention.patching.mean_ablation(model, result.tokens[:1, :ABLATION_TOKENS])

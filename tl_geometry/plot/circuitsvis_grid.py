@@ -32,10 +32,19 @@ from tl_geometry.errors import InputError, ModelError
 from tl_geometry.models import describe_model, hook_pattern_name
 from tl_geometry.taxonomy.classify import ALL_LABELS
 
+
+class _DefaultCap(int):
+    """The default ``max_heads``: an int that remembers the caller did not choose it.
+
+    :func:`head_grid` warns that heads were left out only under this default; a cap the caller
+    passed (even 32) is taken as meant.
+    """
+
+
 #: Largest number of heads drawn by default. The page carries ``heads x tokens^2`` numbers and the
 #: browser draws as many cells: 32 heads x 64 tokens take about 10 s to appear in a software-rendered
 #: headless Chromium on 2 CPU cores (48 x 128: about 45 s).
-DEFAULT_MAX_HEADS = 32
+DEFAULT_MAX_HEADS: int = _DefaultCap(32)
 #: Longest text drawn by default; longer inputs are cut to their first ``max_tokens`` tokens.
 DEFAULT_MAX_TOKENS = 128
 
@@ -120,7 +129,8 @@ def head_grid(
     max_heads : int or None, default 32
         At most this many heads (None: no limit). When more are chosen, each regime keeps a share
         (taken in turn, regime by regime), within a regime the largest ``margin`` first when the
-        table has one, else the lowest (layer, head); a warning says how many were left out.
+        table has one, else the lowest (layer, head). Under the default a warning says how many
+        were left out; a cap you pass is taken as meant (no warning).
     max_tokens : int or None, default 128
         Longer inputs are cut to their first ``max_tokens`` tokens (with a warning): the page
         carries ``heads x tokens^2`` numbers.
@@ -327,7 +337,15 @@ def _choose_heads(
         if not isinstance(max_heads, int) or max_heads < 1:
             raise InputError(f"max_heads must be a positive integer or None, got {max_heads!r}")
         if len(choices) > max_heads:
-            choices = _cap(choices, max_heads, margin, rank)
+            kept = _cap(choices, max_heads, margin, rank)
+            if isinstance(max_heads, _DefaultCap):
+                warnings.warn(
+                    f"{len(choices)} heads chosen; the head grid shows {len(kept)} of them by default (pass "
+                    "max_heads= to show more, or narrow them with layers= / regimes=)",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            choices = kept
     if sort_by_regime and has_regimes:
         choices.sort(key=lambda c: (rank(c.regime), c.layer, c.head))
     else:
@@ -433,12 +451,6 @@ def _cap(choices: list[_Choice], max_heads: int, margin: dict, rank) -> list[_Ch
             if i < len(q) and len(kept) < max_heads:
                 kept.append(q[i])
         i += 1
-    warnings.warn(
-        f"{len(choices)} heads chosen; the head grid shows {len(kept)} of them (pass max_heads= to show more, "
-        "or narrow them with layers= / regimes=)",
-        UserWarning,
-        stacklevel=4,
-    )
     return kept
 
 
