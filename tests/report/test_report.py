@@ -171,12 +171,16 @@ def test_head_grid_fragment_inlines_the_circuitsvis_script(grid: HeadGrid) -> No
 
 
 def test_head_grid_escapes_tokens_that_would_end_the_script(grid: HeadGrid) -> None:
-    fragment = grid.fragment()
-    script = fragment[fragment.index("CircuitsVis.render(") :]
-    assert script.count("</script>") == 1 and "<!--" not in script
     assert "<" in "".join(grid.tokens)  # the tokens themselves are intact
+    script = grid.local_src[grid.local_src.index("CircuitsVis.render(") :]  # a notebook's copy
+    assert script.count("</script>") == 1 and "<!--" not in script
     props = script[script.index("{") : script.rindex("}") + 1]
     assert json.loads(props)["tokens"] == grid.tokens
+    fragment = grid.fragment()  # the report's copy: the props in a JSON element circuitsvis reads
+    data = re.search(
+        r'<script type="application/json" id="circuits-vis-[0-9a-f-]+-data"[^>]*>([^<]*)</script>', fragment
+    )
+    assert data is not None and json.loads(data.group(1))["tokens"] == grid.tokens
 
 
 def test_head_grid_names_and_regime_order(llama_bridge, grid: HeadGrid, heads: pd.DataFrame) -> None:

@@ -8,8 +8,15 @@ from ``file://`` with the network switched off, and checks that
 * no console error, exception or error log entry appeared,
 * every plotly figure rendered (a ``.main-svg`` in each ``.plotly-graph-div``),
 * the circuitsvis head grid mounted (its ``div`` has children) and shows the head names,
+* the head tiles: one per head with a drawn thumbnail, no label clipped or overflowing its tile,
+  circuitsvis' own selector row hidden, a click on a tile enlarging that head,
+* no horizontal scroll of the whole page,
 
-then saves a screenshot to ``test-artifacts/report.png`` (printed; ``pytest -s`` shows it).
+at two widths (:data:`WIDTHS`: a laptop and a phone), each a fresh load, and saves a full-page
+screenshot of each to ``test-artifacts/report-<width>.png`` (printed; CI keeps them as artifacts).
+Nothing waits a fixed time: the load is ``Page.loadEventFired``, the rest a condition the page
+evaluates itself (``awaitPromise``), bounded by ``TLG_BROWSER_TIMEOUT`` (default 120 s) only so a
+broken page cannot hang CI; a slow machine only waits longer.
 
 Needs Chromium (Debian: ``apt-get install -y --no-install-recommends chromium``); set
 ``TLG_CHROMIUM`` to use another binary. Without it the test FAILS (it is not skipped). The
@@ -23,6 +30,7 @@ import fcntl
 import json
 import os
 import queue
+import re
 import shutil
 import subprocess
 import tempfile
@@ -36,6 +44,7 @@ import plotly.graph_objects as go
 
 import tl_geometry as tlg
 from tl_geometry.plot.circuitsvis_grid import head_grid
+from tl_geometry.plot.head_tiles import TILE_MIN_WIDTH_PX
 from tl_geometry.report import build_report, default_figures
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,6 +61,11 @@ CHROMIUM_FLAGS = [
     "--window-size=1280,1600", "--remote-debugging-pipe",
 ]  # fmt: skip
 TIMEOUT_S = float(os.environ.get("TLG_BROWSER_TIMEOUT", "120"))
+#: Viewport widths the report is checked at (CSS pixels): a laptop and a phone.
+WIDTHS = (1280, 420)
+#: The viewport is this tall from the start, so that the full-page screenshot needs no resize (and
+#: no re-layout to wait for); a screenshot is cut at this height.
+SHOT_HEIGHT = 16000
 
 
 def find_chromium() -> str | None:
@@ -144,6 +158,30 @@ class DevTools:
             raise RuntimeError(f"{method} failed: {reply['error']}")
         return reply.get("result", {})
 
+    def wait_for(self, method: str, timeout: float) -> tuple[bool, list[dict]]:
+        """Block until the event ``method`` arrives (True) or ``timeout`` passes (False); every event read."""
+        deadline = time.monotonic() + timeout
+        seen: list[dict] = []
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or self._closed:
+                return False, seen
+            try:
+                event = self.events.get(timeout=min(left, 5.0))
+            except queue.Empty:
+                continue
+            seen.append(event)
+            if event.get("method") == method:
+                return True, seen
+
+    def evaluate(self, expression: str, session: str, timeout: float = 60) -> Any:
+        """The value of ``expression`` in the page (a promise is awaited)."""
+        reply = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True},
+                          session=session, timeout=timeout)  # fmt: skip
+        if "exceptionDetails" in reply:
+            raise RuntimeError(f"the page's script failed: {reply['exceptionDetails']}")
+        return reply["result"].get("value")
+
     def drain(self) -> list[dict]:
         out = []
         while True:
@@ -180,7 +218,27 @@ class DevTools:
 
 STATE_JS = """(() => {
   const figs = [...document.querySelectorAll('.tlg-figure .plotly-graph-div')];
-  const grid = document.querySelector('.tlg-head-grid [id^="circuits-vis-"]');
+  const grid = document.querySelector('.tlg-head-grid div[id^="circuits-vis-"]');
+  const inked = (c) => {  // a thumbnail with at least one pixel darker than the background
+    if (!c || !c.width) return false;
+    const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+    for (let i = 0; i < d.length; i += 4) if (d[i] < 200) return true;
+    return false;
+  };
+  const tiles = [...document.querySelectorAll('.tlg-head-tiles .tlg-tile')].map(t => {
+    const label = t.querySelector('.tlg-tile-label');
+    const box = t.parentElement.getBoundingClientRect(), r = t.getBoundingClientRect();
+    const l = label.getBoundingClientRect();
+    return {
+      title: t.title, text: label.innerText, width: r.width,
+      clipped: label.scrollWidth > label.clientWidth || label.scrollHeight > label.clientHeight
+               || t.scrollWidth > t.clientWidth || t.scrollHeight > t.clientHeight,
+      outside: l.left < r.left - 0.5 || l.right > r.right + 0.5 || l.bottom > r.bottom + 0.5
+               || r.left < box.left - 0.5 || r.right > box.right + 0.5,
+      thumb: inked(t.querySelector('canvas.tlg-thumb')),
+    };
+  });
+  const doc = document.documentElement;
   return {
     figures: figs.map(d => ({id: d.id, svg: d.querySelectorAll('.main-svg').length})),
     gridFound: !!grid,
@@ -188,10 +246,39 @@ STATE_JS = """(() => {
     gridChildren: grid ? [...grid.children].filter(c => c.tagName !== 'SCRIPT').length : 0,
     gridCanvases: grid ? grid.querySelectorAll('canvas').length : 0,
     gridText: grid ? grid.innerText.slice(0, 4000) : '',
-    height: Math.ceil(document.documentElement.scrollHeight),
+    tilesDrawn: [...document.querySelectorAll('.tlg-head-grid')].every(g => g.dataset.tiles === 'drawn'),
+    tiles: tiles,
+    // circuitsvis' own selector tiles (h4 labels) still on screen: hidden by the tiles' style
+    theirTilesShown: grid ? [...grid.querySelectorAll('h4')].filter(h => h.getClientRects().length).length : -1,
+    zoomed: grid ? [...grid.querySelectorAll('h3')].map(h => h.innerText).filter(t => t.endsWith('Zoomed')) : [],
+    sideways: doc.scrollWidth > doc.clientWidth,
+    widest: [...document.querySelectorAll('main *')].filter(e => e.getBoundingClientRect().right > doc.clientWidth + 0.5)
+      .slice(0, 5).map(e => e.tagName + '.' + e.className),
+    width: doc.clientWidth,
+    height: Math.ceil(document.body.getBoundingClientRect().bottom),
     plotly: typeof window.Plotly,
+    pageText: document.body.innerText,
   };
 })()"""
+
+
+def until(condition_js: str, bound_s: float) -> str:
+    """A promise (for ``Runtime.evaluate``) of STATE_JS once ``condition_js`` (on ``s``, the state)
+    holds and two frames are painted, or of the state when ``bound_s`` passes (``ready: false``)."""
+    return f"""new Promise(resolve => {{
+  const deadline = performance.now() + {bound_s * 1000:.0f};
+  const frames = (n, then) => n ? requestAnimationFrame(() => frames(n - 1, then)) : then();
+  const check = () => {{
+    const s = {STATE_JS};
+    if ({condition_js}) frames(2, () => resolve(Object.assign({STATE_JS}, {{ready: true}})));
+    else if (performance.now() > deadline) resolve(Object.assign(s, {{ready: false}}));
+    else setTimeout(check, 50);
+  }};
+  check();
+}})"""
+
+
+RENDERED = "s.figures.every(f => f.svg > 0) && s.gridCanvases > 0 && s.tilesDrawn"
 
 
 def problems_in(events: list[dict]) -> tuple[list[str], list[str]]:
@@ -217,8 +304,10 @@ def problems_in(events: list[dict]) -> tuple[list[str], list[str]]:
     return errors, remote
 
 
-def open_report(binary: str, page: Path, screenshot: Path) -> dict:
-    """Load ``page`` offline, wait until it has rendered, screenshot it; the final state and events."""
+def open_report(binary: str, page: Path, screenshots: dict[int, Path]) -> dict[int, dict]:
+    """Load ``page`` offline once per width of ``screenshots``, wait until it has rendered, screenshot
+    it; per width the state, the events and (first width) the state after clicking the second tile."""
+    out: dict[int, dict] = {}
     with tempfile.TemporaryDirectory(prefix="tlg-chromium-") as profile:
         cdp = DevTools(binary, profile)
         try:
@@ -234,35 +323,29 @@ def open_report(binary: str, page: Path, screenshot: Path) -> dict:
             cdp.send("Network.emulateNetworkConditions",
                      {"offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1},
                      session=session)  # fmt: skip
-            viewport = {"width": 1280, "height": 1600, "deviceScaleFactor": 1, "mobile": False}
-            cdp.send("Emulation.setDeviceMetricsOverride", viewport, session=session)
-            events: list[dict] = []
-            cdp.send("Page.navigate", {"url": page.resolve().as_uri()}, session=session)
-            deadline = time.monotonic() + TIMEOUT_S
-            loaded = False
-            state: dict = {}
-            while time.monotonic() < deadline:
+            for width, screenshot in screenshots.items():
+                viewport = {"width": width, "height": SHOT_HEIGHT, "deviceScaleFactor": 1, "mobile": False}
+                cdp.send("Emulation.setDeviceMetricsOverride", viewport, session=session)
+                events = cdp.drain()
+                cdp.send("Page.navigate", {"url": page.resolve().as_uri()}, session=session)
+                loaded, seen = cdp.wait_for("Page.loadEventFired", TIMEOUT_S)
+                events += seen
+                state = cdp.evaluate(until(RENDERED, TIMEOUT_S), session, timeout=TIMEOUT_S + 60)
+                height = max(600, min(int(state["height"]), SHOT_HEIGHT))
+                shot = cdp.send("Page.captureScreenshot",
+                                {"format": "png", "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}},
+                                session=session, timeout=120)  # fmt: skip
+                screenshot.parent.mkdir(parents=True, exist_ok=True)
+                screenshot.write_bytes(base64.b64decode(shot["data"]))
+                clicked = None
+                if not out and len(state["tiles"]) > 1:  # a click on the second tile enlarges its head
+                    cdp.evaluate("document.querySelectorAll('.tlg-head-tiles .tlg-tile')[1].click()", session)
+                    wanted = json.dumps(state["tiles"][1]["title"] + " Zoomed")
+                    clicked = cdp.evaluate(until(f"s.zoomed.includes({wanted})", TIMEOUT_S), session,
+                                           timeout=TIMEOUT_S + 60)  # fmt: skip
                 events += cdp.drain()
-                loaded = loaded or any(e.get("method") == "Page.loadEventFired" for e in events)
-                if loaded:
-                    state = cdp.send("Runtime.evaluate", {"expression": STATE_JS, "returnByValue": True},
-                                     session=session)["result"]["value"]  # fmt: skip
-                    if all(f["svg"] > 0 for f in state["figures"]) and state["gridCanvases"] > 0:
-                        break
-                time.sleep(0.25)
-            time.sleep(1.0)  # let late errors (React effects, resize handlers) surface
-            events += cdp.drain()
-            state = cdp.send("Runtime.evaluate", {"expression": STATE_JS, "returnByValue": True},
-                             session=session)["result"]["value"]  # fmt: skip
-            height = max(1600, min(int(state["height"]), 16000))
-            cdp.send("Emulation.setDeviceMetricsOverride", {**viewport, "height": height}, session=session)
-            time.sleep(0.5)
-            shot = cdp.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": False},
-                            session=session, timeout=120)  # fmt: skip
-            screenshot.parent.mkdir(parents=True, exist_ok=True)
-            screenshot.write_bytes(base64.b64decode(shot["data"]))
-            events += cdp.drain()
-            return {"loaded": loaded, "state": state, "events": events}
+                out[width] = {"loaded": loaded, "state": state, "events": events, "clicked": clicked}
+            return out
         finally:
             cdp.close()
 
@@ -281,6 +364,8 @@ def test_report_renders_offline_in_chromium(llama_bridge, tmp_path, capsys) -> N
         "layer": [layer for layer in range(info.n_layers) for _ in range(info.n_heads)],
         "head": [head for _ in range(info.n_layers) for head in range(info.n_heads)],
         "regime": pd.Categorical([regimes[i % 4] for i in range(info.n_layers * info.n_heads)], categories=regimes),
+        # the longest labels a report shows: "L0H3 · Unclassified (nearest: Retriever)"
+        "regime_nearest": [regimes[i % 4] if i % 4 < 3 else regimes[i % 3] for i in range(info.n_layers * info.n_heads)],
     })  # fmt: skip
     by_n, env = result.mean_by_n(), result.envelopes()
     ours = [
@@ -299,25 +384,45 @@ def test_report_renders_offline_in_chromium(llama_bridge, tmp_path, capsys) -> N
     figures = [f for f in default_figures(result, heads=heads) if f.available] + ours
     grid = head_grid(llama_bridge, "def add(a, b):\n    return a + b  # </script>", heads)
     page = build_report(result, tmp_path / "report", figures=figures, head_grid_html=grid.fragment(), heads=heads)
-    screenshot = ARTIFACTS / "report.png"
+    screenshots = {width: ARTIFACTS / f"report-{width}.png" for width in WIDTHS}
 
     t0 = time.perf_counter()
-    out = open_report(binary, page, screenshot)
-    with capsys.disabled():  # the screenshot's path belongs in the CI log even without -s
-        print(f"\nreport: {page} ({page.stat().st_size / 1e6:.1f} MB), rendered in chromium in "
-              f"{time.perf_counter() - t0:.1f} s\nscreenshot (CI artifact): {screenshot}")  # fmt: skip
+    out = open_report(binary, page, screenshots)
+    with capsys.disabled():  # the screenshots' paths belong in the CI log even without -s
+        print(f"\nreport: {page} ({page.stat().st_size / 1e6:.1f} MB), rendered in chromium at widths {WIDTHS} in "
+              f"{time.perf_counter() - t0:.1f} s (load average {os.getloadavg()[0]:.1f})")  # fmt: skip
+        for width, path in screenshots.items():
+            print(f"screenshot at {width} px (CI artifact): {path}")
 
-    state, events = out["state"], out["events"]
-    errors, remote = problems_in(events)
-    assert out["loaded"], "the page never fired its load event"
-    assert remote == [], f"the page asked the network for {remote}"
-    assert errors == [], "console errors:\n" + "\n".join(errors)
-    assert state["plotly"] == "object"
-    assert len(state["figures"]) == len(figures) >= 3
-    assert [f["id"] for f in state["figures"] if f["svg"] == 0] == [], "plotly figures that did not render"
-    assert state["gridFound"], "no circuitsvis mount point in the head grid"
-    assert state["gridChildren"] > 0, "the circuitsvis head grid did not mount"
-    assert state["gridCanvases"] > len(grid.names), "the head grid drew no attention pattern"  # thumbnails + zoom
-    shown = [state["gridText"].find(name) for name in grid.names]  # "L0H0 · Retriever", ... sorted by regime
-    assert -1 not in shown and shown == sorted(shown), state["gridText"][:500]
-    assert screenshot.stat().st_size > 10_000
+    for width in WIDTHS:
+        state, events = out[width]["state"], out[width]["events"]
+        errors, remote = problems_in(events)
+        assert out[width]["loaded"], f"{width} px: the page never fired its load event"
+        assert remote == [], f"{width} px: the page asked the network for {remote}"
+        assert errors == [], f"{width} px: console errors:\n" + "\n".join(errors)
+        brief = {k: v for k, v in state.items() if k not in ("gridText", "pageText")}
+        assert state["ready"], f"{width} px: not rendered within {TIMEOUT_S} s: {brief}"
+        assert state["width"] == width
+        assert state["plotly"] == "object"
+        assert len(state["figures"]) == len(figures) >= 3
+        assert [f["id"] for f in state["figures"] if f["svg"] == 0] == [], "plotly figures that did not render"
+        assert state["gridFound"], "no circuitsvis mount point in the head grid"
+        assert state["gridChildren"] > 0, "the circuitsvis head grid did not mount"
+        assert state["gridCanvases"] > len(grid.names), "the head grid drew no attention pattern"  # its tiles + zoom
+        assert state["zoomed"] == [f"{grid.names[0]} Zoomed"], state["gridText"][:500]
+        # the tiles: one per head in grid order ("L0H0 · Retriever", ... sorted by regime), each with its
+        # thumbnail, no label clipped or outside its tile
+        tiles = state["tiles"]
+        assert [t["title"] for t in tiles] == grid.names
+        assert [t["text"].split("\n")[0] for t in tiles] == [name.split(" ")[0] for name in grid.names]
+        assert all(t["thumb"] for t in tiles), f"{width} px: tiles without a thumbnail"
+        assert [t for t in tiles if t["clipped"] or t["outside"]] == [], f"{width} px: clipped tile labels"
+        assert min(t["width"] for t in tiles) >= TILE_MIN_WIDTH_PX
+        assert state["theirTilesShown"] == 0, "circuitsvis' own selector row is still on screen"
+        assert not state["sideways"], f"{width} px: the page scrolls sideways ({state['widest']})"
+        assert re.search(r"\bSPEC\b", state["pageText"]) is None, "the page cites the spec, which users never see"
+        assert screenshots[width].stat().st_size > 10_000
+    clicked = out[WIDTHS[0]]["clicked"]
+    assert clicked and clicked["ready"], (
+        f"a click on the second tile did not enlarge its head: {clicked and clicked['zoomed']}"
+    )

@@ -30,6 +30,7 @@ from torch import Tensor
 from tl_geometry.capture.hooks import StopForward, forward_with_hooks
 from tl_geometry.errors import InputError, ModelError
 from tl_geometry.models import describe_model, hook_pattern_name
+from tl_geometry.plot.head_tiles import TILES_SCRIPT, TILES_STYLE, head_tiles, json_for_script
 from tl_geometry.taxonomy.classify import ALL_LABELS
 
 
@@ -50,6 +51,13 @@ DEFAULT_MAX_TOKENS = 128
 
 _SEPARATOR = " · "
 _SELF_CLOSED_DIV = re.compile(r'(<div id="circuits-vis-[0-9a-f-]+"[^>]*?)\s*/>')
+#: circuitsvis' call at the end of its local HTML: ``CircuitsVis.render("<mount>", CircuitsVis.AttentionHeads,
+#: {props})`` then ``</script>``.
+_RENDER_CALL = re.compile(
+    r'CircuitsVis\.render\(\s*"(?P<mount>circuits-vis-[0-9a-f-]+)",\s*CircuitsVis\.AttentionHeads,\s*'
+    r"(?P<props>\{.*\})\s*\)\s*</script>\s*$",
+    re.DOTALL,
+)
 
 
 class HeadGrid(RenderedHTML):
@@ -288,17 +296,35 @@ def _make_safe(src: str, tokens: list[str], names: list[str]) -> str:
 
 
 def _wrap_fragment(local_src: str, heads: pd.DataFrame, n_tokens: int) -> str:
+    """The report's fragment: the props as JSON once (circuitsvis renders from them), the tiles'
+    data, their container, style and script (:mod:`tl_geometry.plot.head_tiles`), circuitsvis."""
     opening = re.findall(r"<(?:script|link)\b[^>]*>", local_src, flags=re.IGNORECASE)
     remote = [t for t in opening if re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", t, flags=re.IGNORECASE)]
     remote += re.findall(r"""\b(?:from|import)\s*\(?\s*["'](?:https?:)?//[^"']*""", local_src, flags=re.IGNORECASE)
     if remote:  # pragma: no cover - circuitsvis' local HTML inlines its bundle
         raise RuntimeError(f"circuitsvis' local HTML loads a remote script ({remote[0]!r}); refusing to embed it")
+    call = _RENDER_CALL.search(local_src)
+    if call is None:  # pragma: no cover - circuitsvis changed its render call
+        raise RuntimeError("cannot find circuitsvis' render call in its HTML to feed it the head grid's data")
+    mount = call.group("mount")
+    props = json_for_script(json.loads(call.group("props")))
+    circuitsvis = (
+        local_src[: call.start()]
+        + f'CircuitsVis.render("{mount}", CircuitsVis.AttentionHeads, '
+        + f'JSON.parse(document.getElementById("{mount}-data").textContent))\n</script>'
+    )
     regimes = sorted({str(r) for r in heads["regime"] if r is not None})
     attrs = (
         f'class="tlg-head-grid" data-heads="{len(heads)}" data-tokens="{n_tokens}"'
         f' data-regimes="{html.escape(",".join(regimes))}"'
     )
-    return f"<div {attrs}>\n{local_src}\n</div>\n"
+    return (
+        f"<div {attrs}>\n<style>{TILES_STYLE}</style>\n"
+        f'<script type="application/json" id="{mount}-data" class="tlg-head-grid-data">{props}</script>\n'
+        f'<script type="application/json" class="tlg-head-tiles-data">{json_for_script(head_tiles(heads))}</script>\n'
+        f'<div class="tlg-head-tiles" role="group" aria-label="heads: click one to enlarge it"></div>\n'
+        f"<script>{TILES_SCRIPT}</script>\n{circuitsvis}\n</div>\n"
+    )
 
 
 # --------------------------------------------------------------------------------------------

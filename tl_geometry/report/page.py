@@ -47,13 +47,15 @@ th, td { padding: 3px 10px 3px 0; border-bottom: 1px solid var(--line); text-ali
 td.num, .tlg-table td { text-align: right; }
 .tlg-table th { text-align: right; }
 .table-wrap { overflow-x: auto; margin: 6px 0 14px; }
-figure.tlg-figure { margin: 18px 0 28px; padding: 10px 12px; border: 1px solid var(--line); border-radius: 6px; }
+figure.tlg-figure { margin: 18px 0 28px; padding: 10px 12px; border: 1px solid var(--line); border-radius: 6px;
+                    overflow-x: auto; }
 figure.tlg-figure figcaption h3 { margin-top: 0; }
 .tlg-plot { width: 100%; min-height: 200px; }
 .na-list li, p.na { color: #8a4b08; }
 .tlg-head-grid-wrap { border: 1px solid var(--line); border-radius: 6px; padding: 8px 12px; overflow-x: auto; }
 footer { margin-top: 48px; color: var(--muted); font-size: 0.85rem; }
 code { background: var(--bg-alt); padding: 0 3px; border-radius: 3px; }
+@media (max-width: 600px) { main { padding: 16px 12px 48px; } .tlg-head-grid-wrap { padding: 8px 6px; } }
 """
 
 
