@@ -118,6 +118,11 @@ def test_page_is_self_contained(page: str) -> None:
     assert page.lstrip().startswith("<!DOCTYPE html>")
 
 
+def test_page_cites_the_definitions_never_the_spec(page: str) -> None:
+    assert "(definitions §4)" in page  # the envelopes' lead names the user's page
+    assert re.search(r"\bSPEC\b", page) is None  # the spec is not the users' to read
+
+
 def test_plotly_js_is_embedded_exactly_once(page: str) -> None:
     assert page.count("* plotly.js v") == 1  # the bundle's banner
     assert page.count(f'id="{PLOTLYJS_ID}"') == 1
