@@ -201,3 +201,17 @@ def test_each_batch_runs_on_the_free_cpus(monkeypatch, llama_bridge, busy, expec
         torch.set_num_threads(outer)
     free = min(2, len(threads.own_cpus())) if expected is None else expected
     assert seen == [free, free]  # two batches, each on the free CPUs
+
+
+def test_save_closes_the_tokens_file(llama_bridge, tmp_path) -> None:
+    import gc
+    import warnings
+
+    result = tlg.analyze(llama_bridge, torch.randint(3, 200, (2, 8)), ns=[1], taxonomy=False, progress=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        result.save(tmp_path / "saved")
+        gc.collect()
+    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not [m for m in unclosed if "tokens.npy" in m], unclosed
+    assert torch.equal(tlg.load_result(tmp_path / "saved").tokens, result.tokens)

@@ -170,7 +170,7 @@ class AnalysisResult:
                 write_atomic(out / f"{name}.parquet", functools.partial(table.to_parquet, index=False))
         tokens = self.tokens
         if tokens is not None:
-            write_atomic(out / "tokens.npy", lambda p: np.save(p.open("wb"), tokens.cpu().numpy()))
+            write_atomic(out / "tokens.npy", functools.partial(save_array, tokens.cpu().numpy()))
         meta = {"format": RESULT_FORMAT, "model": asdict(self.model), "config": self.config, "timings": self.timings}
         write_json_atomic(out / "result.json", meta)
         return out
@@ -185,6 +185,13 @@ class AnalysisResult:
             f"seq_len={self.config.get('seq_len')}, "
             f"layers={layers}, heads={self.model.n_heads}, rows={n_rows})"
         )
+
+
+def save_array(array: np.ndarray, path: Path) -> None:
+    """``np.save`` of ``array`` into ``path`` as named (``np.save`` given a name would append ``.npy``),
+    the file closed on return."""
+    with path.open("wb") as file:
+        np.save(file, array)
 
 
 #: The optional tables of a result besides the separability rows (attribute and file name alike).
