@@ -215,3 +215,37 @@ def test_save_closes_the_tokens_file(llama_bridge, tmp_path) -> None:
     unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
     assert not [m for m in unclosed if "tokens.npy" in m], unclosed
     assert torch.equal(tlg.load_result(tmp_path / "saved").tokens, result.tokens)
+
+
+class RecordingBar:
+    """A stand-in for tqdm that records its total and every update."""
+
+    made: list[RecordingBar] = []
+
+    def __init__(self, total=None, initial=0, disable=False, **kwargs) -> None:
+        self.total, self.initial, self.updates = total, initial, []
+        RecordingBar.made.append(self)
+
+    def update(self, n=1) -> None:
+        self.updates.append(n)
+
+    def close(self) -> None:
+        pass
+
+
+def test_progress_moves_within_a_batch(llama_bridge, monkeypatch, tmp_path) -> None:
+    import tl_geometry.pipeline.loop as loop
+    from tl_geometry.pipeline.plan import plan_analysis
+
+    monkeypatch.setattr(loop, "tqdm", RecordingBar)
+    RecordingBar.made.clear()
+    n_layers = tlg.describe_model(llama_bridge).n_layers
+    settings = tlg.AnalysisSettings(ns=[1], taxonomy=False, batch_size=4)
+    plan = plan_analysis(llama_bridge, torch.randint(3, 200, (3, 8)), settings)
+    loop.run_analysis(plan, tmp_path, windows=[0])  # saved, then "interrupted"
+    loop.run_analysis(plan, tmp_path)
+    bar = RecordingBar.made[-1]  # the resumed run: one window saved, two to go in one batch
+    assert n_layers > 1 and bar.total == 3 * n_layers and bar.initial == n_layers
+    positive = [n for n in bar.updates if n]
+    assert len(positive) == n_layers  # one move per layer of the one batch, not one per batch
+    assert bar.initial + sum(bar.updates) == bar.total

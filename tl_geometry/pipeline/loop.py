@@ -125,25 +125,48 @@ def run_batches(
     """Forward passes (or reads of the cache) over the windows ``todo`` in batches; each batch's rows are saved to ``store``
     (with the accumulators' states) or kept. Returns the kept tables and the seconds spent observing.
 
-    Each batch runs on the CPUs free when it starts (:func:`tl_geometry.core.threads.analysis_threads`)."""
+    Each batch runs on the CPUs free when it starts (:func:`tl_geometry.core.threads.analysis_threads`).
+    The progress bar (:func:`progress_bar`) moves as each layer of a batch is observed."""
     device = model_device(plan.model) if plan.model is not None else torch.device("cpu")
     kept: list[pd.DataFrame] = []
     spent: list[float] = []  # seconds inside the observers, per layer
-    bar = tqdm(total=initial + len(todo), initial=initial, desc="sequences", unit="seq", disable=not progress)
+    n_layers = max(len(plan.layers), 1)
+    bar = progress_bar(initial + len(todo), initial, n_layers, progress)
+    batch = {"windows": 0, "layers": 0}  # the running batch: its windows, its layers counted on the bar
+
+    def on_layer(seconds: float) -> None:
+        spent.append(seconds)
+        if batch["layers"] < n_layers:
+            batch["layers"] += 1
+            bar.update(batch["windows"])
+
     try:
         for b0 in range(0, len(todo), plan.settings.batch_size):
             ids = torch.tensor(todo[b0 : b0 + plan.settings.batch_size], dtype=torch.int64)
+            batch.update(windows=len(ids), layers=0)
             with analysis_threads(device):
-                feed(plan, ids, wiring.all(), spent.append)
+                feed(plan, ids, wiring.all(), on_layer)
             table = wiring.take_rows()
             if store is not None:
                 store.write(ids.tolist(), table, wiring.states())
             else:
                 kept.append(table)
-            bar.update(len(ids))
+            bar.update(len(ids) * (n_layers - batch["layers"]))  # layers the feed did not report
     finally:
         bar.close()
     return kept, sum(spent)
+
+
+def progress_bar(n_windows: int, done: int, n_layers: int, show: bool) -> tqdm:
+    """The bar of a run over ``n_windows`` windows (``done`` of them saved before): it counts one
+    window's layer at a time, ``n_windows * n_layers`` in all, so it moves while a batch runs."""
+    return tqdm(
+        total=n_windows * n_layers,
+        initial=done * n_layers,
+        desc=f"analysis ({n_windows} windows x {n_layers} layers)",
+        unit="layer",
+        disable=not show,
+    )
 
 
 def feed(
