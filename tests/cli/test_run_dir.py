@@ -235,3 +235,43 @@ def test_a_refused_command_leaves_no_directory_behind(tmp_path, capsys, no_model
     code, err = run(["run", "--resume", "--out", str(tmp_path / "new"), *SMALL], capsys)
     assert code == 2 and "--resume" in one_error_line(err)
     assert not (tmp_path / "new").exists()
+
+
+# ----------------------------------------------------------------------------- a finished run (issue 20)
+
+
+def test_a_finished_run_removes_its_progress_and_an_interrupted_one_keeps_it(
+    tmp_path, capsys, tiny_cli, monkeypatch
+) -> None:
+    import tl_geometry.pipeline.loop as loop
+
+    out = tmp_path / "run"
+    argv = ["run", "--out", str(out), *SMALL]
+    real = loop.run_streaming
+    calls = {"n": 0}
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "run_streaming", interrupted)
+    assert run(argv, capsys)[0] == 130
+    assert (out / "progress" / "progress.json").is_file()  # what --resume continues from
+    monkeypatch.setattr(loop, "run_streaming", real)
+    (out / "progress" / "notes.txt").write_text("mine")  # not written by tl-geometry: it stays
+    assert run([*argv, "--resume"], capsys)[0] == 0
+    assert sorted(p.name for p in (out / "progress").rglob("*")) == ["notes.txt"]
+    assert sorted(tlg.load_result(out).separability.seq.unique()) == [0, 1]  # read from OUT, not progress/
+
+
+def test_resume_of_a_finished_run_says_it_is_finished(tmp_path, capsys, tiny_cli) -> None:
+    out = tmp_path / "run"
+    assert run(["run", "--out", str(out), *SMALL], capsys)[0] == 0
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    code, err = run(["run", "--out", str(out), *SMALL, "--resume"], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "holds a finished run" in line and f"tl-geometry report {out}" in line
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before  # nothing recomputed
+    assert run(["report", str(out)], capsys)[0] == 0  # the report still rebuilds without progress/

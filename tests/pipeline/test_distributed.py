@@ -28,10 +28,14 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 #: absolute slack (labels and integers exactly).
 PER_WINDOW = {"separability", "head_effects"}
 
-# A rank that dies after its second saved batch (only when TLG_TEST_DIE_RANK is set): loaded by
-# Python at start-up through sitecustomize, so the package itself carries no test hook.
-DIE_HOOK = """
+# A rank that dies after its second saved batch (only when TLG_TEST_DIE_RANK is set), and a
+# finished run that keeps its progress/ folder to be inspected (only when TLG_TEST_KEEP_PROGRESS is
+# set): loaded by Python at start-up through sitecustomize, so the package itself carries no test hook.
+HOOKS = """
 import os
+if os.environ.get("TLG_TEST_KEEP_PROGRESS"):
+    import tl_geometry.cli.run as _run
+    _run.remove_written = lambda out, folder: None
 if os.environ.get("TLG_TEST_DIE_RANK") == os.environ.get("RANK"):
     import tl_geometry.io.store as _store
     _write = _store.RunStore.write
@@ -127,10 +131,20 @@ def _args(model: Path, out: Path, *extra: str) -> list[str]:
     return ["--model", str(model), "--n-seqs", "7", "--seq-len", "48", "--batch-size", "1", "--out", str(out), *extra]
 
 
+def hooks(tmp_path: Path) -> Path:
+    """A folder holding :data:`HOOKS` as ``sitecustomize.py`` (for ``_env``'s ``hook_dir``)."""
+    hook = tmp_path / "hook"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(HOOKS)
+    return hook
+
+
 def test_torchrun_two_ranks_equal_one_process(tiny_dir: Path, tmp_path: Path) -> None:
     one = _run([sys.executable], _args(tiny_dir, tmp_path / "one", "--query-stride", "8"), _env())
     assert one.returncode == 0, one.stderr[-2000:]
-    two = _run(TORCHRUN, _args(tiny_dir, tmp_path / "two", "--query-stride", "8"), _env())
+    assert not (tmp_path / "one" / "progress").exists()  # a finished run removes it
+    keep = _env({"TLG_TEST_KEEP_PROGRESS": "1"}, hooks(tmp_path))
+    two = _run(TORCHRUN, _args(tiny_dir, tmp_path / "two", "--query-stride", "8"), keep)
     assert two.returncode == 0, two.stderr[-2000:]
     progress = sorted(p.name for p in (tmp_path / "two" / "progress").iterdir())
     # every rank's store, and the rows rank 0 merged from them on disk (no rank gathered them)
@@ -142,16 +156,15 @@ def test_torchrun_two_ranks_equal_one_process(tiny_dir: Path, tmp_path: Path) ->
 
 
 def test_dead_rank_resumes_without_redoing_or_losing(tiny_dir: Path, tmp_path: Path) -> None:
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(DIE_HOOK)
+    hook = hooks(tmp_path)
     dead = _run(TORCHRUN, _args(tiny_dir, tmp_path / "two"), _env({"TLG_TEST_DIE_RANK": "1"}, hook))
     assert dead.returncode != 0
     assert not (tmp_path / "two" / "result.json").exists()
     shard = tmp_path / "two" / "progress" / "shard-00001-of-00002"
     saved = {p.name: p.stat().st_mtime_ns for p in (shard / "separability").iterdir()}
     assert len(saved) == 2  # rank 1 owns windows 1, 3 and 5: two saved before it died
-    resumed = _run(TORCHRUN, _args(tiny_dir, tmp_path / "two", "--resume"), _env({"TLG_TEST_DIE_RANK": "1"}, hook))
+    die_and_keep = {"TLG_TEST_DIE_RANK": "1", "TLG_TEST_KEEP_PROGRESS": "1"}
+    resumed = _run(TORCHRUN, _args(tiny_dir, tmp_path / "two", "--resume"), _env(die_and_keep, hook))
     # the hook would kill rank 1 at its second write again: it has one window left, so it lives
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     after = {p.name: p.stat().st_mtime_ns for p in (shard / "separability").iterdir()}

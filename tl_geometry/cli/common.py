@@ -144,6 +144,11 @@ def has_saved_run(out: Path) -> bool:
     return has_progress(out / "progress")
 
 
+def has_finished_run(out: Path) -> bool:
+    """Whether ``out`` holds a finished ``tl-geometry run`` (``result.json``; its ``progress/`` is gone)."""
+    return (out / "result.json").is_file()
+
+
 def out_path(args: argparse.Namespace, what: str = "run", example: str = "runs/my-run") -> Path:
     """The directory of ``--out``, checked as far as it can be without touching it.
 
@@ -216,6 +221,11 @@ def check_out(
             f"{out} already exists and was not written by tl-geometry (no {MARKER_FILE}): choose another --out"
         )
     if args.resume and not saved(out):
+        if has_finished_run(out):
+            raise TLGeometryError(
+                f"--resume: {out} holds a finished run (result.json), nothing is left to compute: rebuild its "
+                f"report with `tl-geometry report {shlex.quote(str(out))}`, or start over with --force"
+            )
         raise TLGeometryError(f"--resume: {out} {nothing_saved}; drop --resume")
     return out
 
@@ -294,6 +304,33 @@ def first_foreign_file(out: Path) -> Path | None:
     return None
 
 
+def remove_written(out: Path, folder: str) -> None:
+    """Delete what tl-geometry wrote in ``out/folder`` (:data:`WRITTEN_FILES`, :data:`WRITTEN_DIRS`,
+    bottom up), then the folders left empty; anything else (a file of the user's, a link) stays,
+    and so do the folders that hold it."""
+    top = out / folder
+    if top.is_symlink() or not top.is_dir() or not _written(folder, WRITTEN_DIRS):
+        return
+    for root, dirs, files in os.walk(top, topdown=False):
+        here = Path(root)
+        prefix = here.relative_to(out).as_posix()
+        for name in files:
+            path = here / name
+            if not path.is_symlink() and _written(f"{prefix}/{name}", WRITTEN_FILES):
+                path.unlink()
+        for name in dirs:
+            path = here / name
+            if not path.is_symlink() and _written(f"{prefix}/{name}", WRITTEN_DIRS):
+                try:
+                    path.rmdir()
+                except OSError:  # it holds something tl-geometry did not write
+                    pass
+    try:
+        top.rmdir()
+    except OSError:
+        pass
+
+
 def claim_out(out: Path, args: argparse.Namespace) -> None:
     """Create ``out`` (emptied with ``--force``: only what tl-geometry wrote, checked again now) and mark it.
 
@@ -357,6 +394,7 @@ __all__ = [
     "corpus_from_args",
     "device_from_args",
     "first_foreign_file",
+    "has_finished_run",
     "has_saved_run",
     "holds_results",
     "is_run_dir",
@@ -365,5 +403,6 @@ __all__ = [
     "out_path",
     "parse_ints",
     "parse_names",
+    "remove_written",
     "resume_command",
 ]

@@ -8,7 +8,8 @@ The analysis options are generated from :class:`~tl_geometry.pipeline.settings.A
 and default to :data:`~tl_geometry.pipeline.settings.CLI_PRESET`. ``--out`` receives
 ``index.html``, ``run.json``, the ``*.parquet`` tables, ``tokens.npy`` and ``result.json``
 (:func:`tl_geometry.load_result` reads them), ``head_grid.html``, ``head_effects.parquet``
-(with ``--mean-ablation``) and ``progress/`` (for ``--resume``).
+(with ``--mean-ablation``) and, while it runs, ``progress/`` (what ``--resume`` continues from;
+removed once the run has written everything else).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from tl_geometry.cli.common import (
     out_path,
     parse_ints,
     parse_names,
+    remove_written,
     resume_command,
 )
 from tl_geometry.errors import InputError, TLGeometryError
@@ -301,7 +303,9 @@ def _run(args: argparse.Namespace, settings: Any, device: Any, out: Path, corpus
     page = build_report(out, out, heads=heads)
     run_info["timings"]["report_s"] = time.perf_counter() - t2
     write_json_atomic(out / "run.json", run_info)
-    print(_summary_text(result, heads, out, page, load_s))
+    summary = _summary_text(result, heads, out, page, load_s)  # the last read of the rows in progress/
+    remove_written(out, "progress")  # every table is saved: nothing is left to resume
+    print(summary)
     return 0
 
 
