@@ -28,12 +28,12 @@ ARGS = ["sparsify", "--n-seqs", "2", "--seq-len", "12", "--ns", "1,4", "--rank-b
 def test_sparsify_writes_tables_and_report(tmp_path, tiny, capsys) -> None:
     out = tmp_path / "sp"
     assert main([*ARGS, "--out", str(out)]) == 0
-    curve = pd.read_csv(out / "curve.csv")
+    curve = pd.read_parquet(out / "curve.parquet")
     grid = curve[curve.stage == "grid"]
     assert len(grid) == 2 * 2 * 2 and set(grid.rank_by) == {"attention", "sink_window"}
-    n_star = pd.read_csv(out / "n_star.csv")
+    n_star = pd.read_parquet(out / "n_star.parquet")
     assert len(n_star) == 4 and set(n_star.columns) >= {"rank_by", "renormalize", "n_star", "sizes_tried"}
-    local = pd.read_csv(out / "local.csv")
+    local = pd.read_parquet(out / "local.parquet")
     assert len(local) == 2 * 4  # every (layer, head) of the tiny model
     page = (out / "index.html").read_text()
     assert "Sparsification" in page and "N*_tau" in page and "http://" not in page.split("<body>")[1][:2000]
@@ -43,8 +43,28 @@ def test_sparsify_writes_tables_and_report(tmp_path, tiny, capsys) -> None:
     # an existing directory needs --resume or --force; --resume reuses every point
     assert main([*ARGS, "--out", str(out)]) == 2
     assert main([*ARGS, "--out", str(out), "--resume"]) == 0
-    pd.testing.assert_frame_equal(pd.read_csv(out / "curve.csv"), curve)
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "curve.parquet"), curve)
     assert main([*ARGS, "--out", str(out), "--force"]) == 0
+
+
+def test_an_out_of_csv_tables_resumes_into_parquet_and_report_names_the_fix(tmp_path, tiny, capsys) -> None:
+    """A sparsify --out of tl_geometry 0.2 held curve.csv, n_star.csv...: --resume writes the
+    parquet tables and drops the stale CSVs; `report` refuses the directory in one line."""
+    out = tmp_path / "old"
+    args = ["sparsify", "--n-seqs", "2", "--seq-len", "12", "--ns", "1,4", "--no-progress", "--no-geometry"]
+    assert main([*args, "--out", str(out)]) == 0
+    curve = pd.read_parquet(out / "curve.parquet")
+    for name in ("curve", "n_star"):  # as the earlier version left it
+        pd.read_parquet(out / f"{name}.parquet").to_csv(out / f"{name}.csv", index=False)
+        (out / f"{name}.parquet").unlink()
+    capsys.readouterr()
+    assert main([*args, "--out", str(out), "--resume"]) == 0
+    assert not list(out.glob("*.csv")) and {"curve.parquet", "n_star.parquet"} <= {p.name for p in out.iterdir()}
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "curve.parquet"), curve)
+    assert "curve.parquet" in capsys.readouterr().out
+    assert main(["report", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sparsify writes itself" in err[0] and "tl-geometry run" in err[0]
 
 
 def test_default_is_a_first_look_and_full_the_study(tmp_path, tiny) -> None:

@@ -223,8 +223,8 @@ def test_torchrun_sparsify_equals_one_process(tiny_dir: Path, tmp_path: Path) ->
     assert one.returncode == 0, one.stderr[-2000:]
     two = _run(TORCHRUN, [*args, "--out", str(tmp_path / "two")], _env(), command="sparsify")
     assert two.returncode == 0, two.stderr[-2000:]
-    for name in ("curve.csv", "n_star.csv", "local.csv"):
-        a, b = pd.read_csv(tmp_path / "one" / name), pd.read_csv(tmp_path / "two" / name)
+    for name in ("curve.parquet", "n_star.parquet", "local.parquet"):
+        a, b = pd.read_parquet(tmp_path / "one" / name), pd.read_parquet(tmp_path / "two" / name)
         pd.testing.assert_frame_equal(a, b, check_exact=True)
-    curve = pd.read_csv(tmp_path / "two" / "curve.csv")
+    curve = pd.read_parquet(tmp_path / "two" / "curve.parquet")
     assert (curve.n_tokens == 5 * 23).all() and (curve.delta_nll_rel[curve.n < 24] != 0).any()

@@ -8,11 +8,12 @@
 By default (:data:`QUICK`) the curve compares the attention ranking with the random control,
 deletion only, without the localised loss; ``--full`` (:data:`FULL`) adds the contribution and
 sink-window rankings, the renormalised curves and the localised loss per layer. An option given
-explicitly wins over either. The command writes into ``--out``: ``curve.json`` (every point as it is measured; ``--resume`` continues from
-it), ``curve.csv``, ``n_star.csv`` (``N*_tau`` per ranking and renormalisation, the sizes tried),
-``local.csv`` (localised loss), ``geometry_vs_function.csv`` and ``index.html`` (figures (b), (c),
-(d), self-contained). Same conventions as ``tl-geometry run``: progress bars, ``--resume``,
-``--force`` (only on a directory it wrote), one-line errors and exit code 2.
+explicitly wins over either. The command writes into ``--out``: ``curve.json`` (every point as it
+is measured; ``--resume`` continues from it), ``curve.parquet``, ``n_star.parquet`` (``N*_tau`` per
+ranking and renormalisation, the sizes tried), ``local.parquet`` (localised loss),
+``geometry_vs_function.parquet`` and ``index.html`` (figures (b), (c), (d), self-contained); the
+tables are parquet, as ``tl-geometry run``'s. Same conventions as ``tl-geometry run``: progress
+bars, ``--resume``, ``--force`` (only on a directory it wrote), one-line errors and exit code 2.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from tl_geometry.cli.common import (
 from tl_geometry.errors import TLGeometryError
 
 CURVE_FILE = "curve.json"
+#: The tables written into ``--out``, as ``NAME.parquet`` (tl_geometry 0.2 before issue 20: ``NAME.csv``).
+TABLES = ("curve", "n_star", "local", "geometry_vs_function")
 
 #: The defaults of a first look (about 30 forward passes for 2 x 128 tokens).
 QUICK = {"rank_by": "attention,random", "renormalize": "deletion", "local": "none"}
@@ -190,8 +193,8 @@ def _sparsify(args: argparse.Namespace, options: dict, out: Path, world: Any) ->
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
-    curve.table.to_csv(out / "curve.csv", index=False)
-    n_star.to_csv(out / "n_star.csv", index=False)
+    write_table(out, "curve", curve.table)
+    write_table(out, "n_star", n_star)
     local = correlations = result = None
     if args.local != "none":
         local = tlg.localized_loss(
@@ -203,7 +206,7 @@ def _sparsify(args: argparse.Namespace, options: dict, out: Path, world: Any) ->
             batch_size=args.batch_size,
             progress=progress,
         )
-        local.to_csv(out / "local.csv", index=False)
+        write_table(out, "local", local)
     if not args.no_geometry:
         grid = sorted(set(curve.table.n))
         result = tlg.analyze(
@@ -221,12 +224,22 @@ def _sparsify(args: argparse.Namespace, options: dict, out: Path, world: Any) ->
             import pandas as pd
 
             correlations = pd.concat([correlations, tlg.geometry_vs_function(result, local)], ignore_index=True)
-        correlations.to_csv(out / "geometry_vs_function.csv", index=False)
+        write_table(out, "geometry_vs_function", correlations)
     page = write_sparsify_report(
         out, curve, n_star, local=local, result=result, correlations=correlations, tolerance=args.tolerance
     )
     print(_summary(curve, n_star, out, page, args.tolerance))
     return 0
+
+
+def write_table(out: Path, name: str, table: Any) -> Path:
+    """Write ``table`` as ``out/NAME.parquet`` (atomically) and delete the ``NAME.csv`` an earlier
+    version wrote there (an ``--out`` of tl_geometry 0.2 continued with ``--resume``)."""
+    from tl_geometry.io.files import write_atomic
+
+    path = write_atomic(out / f"{name}.parquet", lambda p: table.to_parquet(p, index=False))
+    (out / f"{name}.csv").unlink(missing_ok=True)
+    return path
 
 
 def _summary(curve: Any, n_star: Any, out: Path, page: Path, tolerance: float) -> str:
@@ -241,8 +254,8 @@ def _summary(curve: Any, n_star: Any, out: Path, page: Path, tolerance: float) -
             f"  {row.rank_by:<13} {'renormalised' if row.renormalize else 'deletion':<12} N* = {star}  (tried {row.sizes_tried})"
         )
     lines.append(f"report   {page}")
-    lines.append(f"tables   {out}/curve.csv, n_star.csv")
+    lines.append(f"tables   {out}/curve.parquet, n_star.parquet")
     return "\n".join(lines)
 
 
-__all__ = ["FULL", "QUICK", "add_parser", "sparsify_command"]
+__all__ = ["CURVE_FILE", "FULL", "QUICK", "TABLES", "add_parser", "sparsify_command", "write_table"]
