@@ -111,3 +111,42 @@ def test_run_writes_tables_report_and_resumes(tmp_path, capsys, tiny_cli, monkey
     (out / "stray.parquet").write_text("from an older run")
     code, _, _ = run(args + ["--force"], capsys)
     assert code == 0 and not (out / "stray.parquet").exists() and (out / "index.html").is_file()
+
+
+def stop_with(error: BaseException):
+    def stop(*args, **kwargs):
+        raise error
+
+    return stop
+
+
+@pytest.mark.parametrize(
+    "command, work, saved",
+    [
+        (["sparsify", "--n-seqs", "1", "--seq-len", "12", "--ns", "1"], "sparsification_curve", "{out}/curve.json"),
+        (
+            ["budgets", "--n-seqs", "1", "--seq-len", "16", "--budgets", "2", "--grid", "1,4"],
+            "head_budgets",
+            "{out}/budgets.json",
+        ),
+        (["context", "--contexts", "8,16", "--targets", "4", "--n-docs", "1"], "context_scaling", "{out};"),
+    ],
+)
+def test_commands_that_save_as_they_go_end_alike(tmp_path, capsys, tiny_cli, monkeypatch, command, work, saved) -> None:
+    """Ctrl-C: what is saved and the command that continues, exit code 130; a store that cannot be
+    resumed: one line that also offers --force, exit code 2."""
+    from tl_geometry.io.store import StoreError
+
+    out = tmp_path / "o"
+    argv = [*command, "--no-progress", "--out", str(out)]
+    monkeypatch.setattr(tlg, work, stop_with(KeyboardInterrupt()))
+    code, _, err = run(argv, capsys)
+    assert code == 130 and err.splitlines()[-1] == (
+        f"tl-geometry: interrupted; the points measured are saved in {saved.format(out=out).rstrip(';')}; "
+        f"continue with `tl-geometry {' '.join(argv)} --resume`"
+    )
+    monkeypatch.setattr(tlg, work, stop_with(StoreError("the saved points are damaged")))
+    code, _, err = run([*argv, "--force"], capsys)
+    assert code == 2 and err.splitlines()[-1] == (
+        "tl-geometry: error: the saved points are damaged; or start over with --force"
+    )

@@ -20,7 +20,7 @@ import sys
 from typing import NoReturn
 
 from tl_geometry.cli import budgets, context, fact, report, run, sparsify
-from tl_geometry.cli.common import EXIT_INTERRUPTED, EXIT_USAGE
+from tl_geometry.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, SavedInterrupt
 from tl_geometry.errors import TLGeometryError
 
 
@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         advice = "; free some space, then run the command again" if exc.errno == errno.ENOSPC else ""
         print(f"tl-geometry: error: {exc.strerror or exc}{where}{advice}", file=sys.stderr)
         return EXIT_USAGE
+    except SavedInterrupt as exc:  # what is saved, and the command that continues
+        print(f"tl-geometry: {exc}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except KeyboardInterrupt:
         print("tl-geometry: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -21,16 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from tl_geometry.cli.common import (
-    EXIT_INTERRUPTED,
     add_out_options,
     add_source_options,
     check_out,
     check_window_options,
     claim_out,
-    command_line,
     corpus_from_args,
     parse_names,
-    resume_command,
+    resumable,
 )
 from tl_geometry.errors import TLGeometryError
 
@@ -103,7 +101,6 @@ def budgets_command(args: argparse.Namespace) -> int:
     import tl_geometry as tlg
     from tl_geometry.competition import evaluate_budgets
     from tl_geometry.corpus import from_tokens
-    from tl_geometry.io.store import StoreError
 
     print(f"loading {args.model} ...", file=sys.stderr)
     model = tlg.load_model(args.model)
@@ -115,7 +112,7 @@ def budgets_command(args: argparse.Namespace) -> int:
     choose, held_out = from_tokens(tokens[: args.n_seqs]), from_tokens(tokens[args.n_seqs :])
     claim_out(out, args)
     progress = not args.no_progress
-    try:
+    with resumable(args, out, f"the points measured are saved in {out}/{POINTS_FILE}"):
         chosen = []
         for rule in options["rules"]:
             chosen += tlg.head_budgets(
@@ -131,15 +128,6 @@ def budgets_command(args: argparse.Namespace) -> int:
             )
         chosen.sort(key=lambda b: (b.mean_budget, options["rules"].index(b.rule)))
         table = evaluate_budgets(model, held_out, chosen, batch_size=args.batch_size, out_dir=out, progress=progress)
-    except StoreError as exc:
-        raise TLGeometryError(f"{exc}; or start over with --force") from None
-    except KeyboardInterrupt:
-        command = resume_command(command_line(args), out)
-        print(
-            f"tl-geometry: interrupted; the points measured are saved in {out}/{POINTS_FILE}; continue with `{command}`",
-            file=sys.stderr,
-        )
-        return EXIT_INTERRUPTED
     table.to_parquet(out / "budgets.parquet", index=False)
     heads = pd.concat([b.table().assign(rule=b.rule, mean_budget=b.mean_budget) for b in chosen], ignore_index=True)
     heads.to_parquet(out / "head_budgets.parquet", index=False)

@@ -353,6 +353,33 @@ def claim_out(out: Path, args: argparse.Namespace) -> None:
         raise TLGeometryError(f"cannot write to --out {out}: {exc.strerror or exc}; choose another --out") from None
 
 
+# ----------------------------------------------------------------------------- a resumable command
+
+
+class SavedInterrupt(KeyboardInterrupt):
+    """Ctrl-C in a command whose work so far is saved; its message is the line ``main`` prints
+    (after ``tl-geometry: ``) before exiting with :data:`EXIT_INTERRUPTED`."""
+
+
+@contextmanager
+def resumable(args: argparse.Namespace, out: Path, saved: str) -> Iterator[None]:
+    """The body of a command that saves as it goes into ``out`` (``saved`` says where).
+
+    A saved run that cannot be resumed (:class:`~tl_geometry.io.store.StoreError`) becomes one line
+    that also offers ``--force``; Ctrl-C becomes a :class:`SavedInterrupt` naming what is saved and
+    the command that continues (:func:`resume_command`).
+    """
+    from tl_geometry.io.store import StoreError  # pandas and torch: only once a command runs
+
+    try:
+        yield
+    except StoreError as exc:
+        raise TLGeometryError(f"{exc}; or start over with --force") from None
+    except KeyboardInterrupt:
+        command = resume_command(command_line(args), out)
+        raise SavedInterrupt(f"interrupted; {saved}; continue with `{command}`") from None
+
+
 # ----------------------------------------------------------------------------- the command line
 
 
@@ -382,6 +409,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_USAGE",
     "MARKER_FILE",
+    "SavedInterrupt",
     "WRITTEN_DIRS",
     "WRITTEN_FILES",
     "add_out_options",
@@ -404,5 +432,6 @@ __all__ = [
     "parse_ints",
     "parse_names",
     "remove_written",
+    "resumable",
     "resume_command",
 ]

@@ -18,16 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tl_geometry.cli.common import (
-    EXIT_INTERRUPTED,
-    add_out_options,
-    check_out,
-    claim_out,
-    command_line,
-    parse_ints,
-    parse_names,
-    resume_command,
-)
+from tl_geometry.cli.common import add_out_options, check_out, claim_out, parse_ints, parse_names, resumable
 from tl_geometry.errors import TLGeometryError
 
 
@@ -120,7 +111,6 @@ def context_command(args: argparse.Namespace) -> int:
 def _context(args: argparse.Namespace, options: dict, out: Path, world: Any) -> int:
     corpus = _corpus(args)
     import tl_geometry as tlg
-    from tl_geometry.io.store import StoreError
     from tl_geometry.report.competition import write_context_report
 
     main_process = world is None or world.is_main
@@ -130,7 +120,7 @@ def _context(args: argparse.Namespace, options: dict, out: Path, world: Any) -> 
         claim_out(out, args)
     if world is not None:
         world.barrier()
-    try:
+    with resumable(args, out, f"the points measured are saved in {out}"):
         table = tlg.context_scaling(
             model,
             corpus,
@@ -149,15 +139,6 @@ def _context(args: argparse.Namespace, options: dict, out: Path, world: Any) -> 
             progress=not args.no_progress and main_process,
             world=world,
         )
-    except StoreError as exc:
-        raise TLGeometryError(f"{exc}; or start over with --force") from None
-    except KeyboardInterrupt:
-        command = resume_command(command_line(args), out)
-        print(
-            f"tl-geometry: interrupted; the points measured are saved in {out}; continue with `{command}`",
-            file=sys.stderr,
-        )
-        return EXIT_INTERRUPTED
     if not main_process:
         return 0
     table.to_parquet(out / "context.parquet", index=False)

@@ -25,19 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from tl_geometry.cli.common import (
-    EXIT_INTERRUPTED,
     add_out_options,
     add_source_options,
     check_out,
     check_window_options,
     claim_out,
-    command_line,
     corpus_from_args,
     locked_out,
     out_path,
     parse_ints,
     parse_names,
-    resume_command,
+    resumable,
 )
 from tl_geometry.errors import TLGeometryError
 
@@ -155,7 +153,6 @@ def sparsify_command(args: argparse.Namespace) -> int:
 def _sparsify(args: argparse.Namespace, options: dict, out: Path, world: Any) -> int:
     corpus = corpus_from_args(args)
     import tl_geometry as tlg
-    from tl_geometry.io.store import StoreError
     from tl_geometry.report.sparsification import write_sparsify_report
 
     main_process = world is None or world.is_main
@@ -166,7 +163,7 @@ def _sparsify(args: argparse.Namespace, options: dict, out: Path, world: Any) ->
     if world is not None:
         world.barrier()
     progress = not args.no_progress and main_process
-    try:
+    with resumable(args, out, f"the points measured are saved in {out}/{CURVE_FILE}"):
         curve = tlg.sparsification_curve(
             model,
             corpus,
@@ -184,15 +181,6 @@ def _sparsify(args: argparse.Namespace, options: dict, out: Path, world: Any) ->
             world.finish()
         if not main_process:
             return 0
-    except StoreError as exc:
-        raise TLGeometryError(f"{exc}; or start over with --force") from None
-    except KeyboardInterrupt:
-        command = resume_command(command_line(args), out)
-        print(
-            f"tl-geometry: interrupted; the points measured are saved in {out}/{CURVE_FILE}; continue with `{command}`",
-            file=sys.stderr,
-        )
-        return EXIT_INTERRUPTED
     write_table(out, "curve", curve.table)
     write_table(out, "n_star", n_star)
     local = correlations = result = None
