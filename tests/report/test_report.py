@@ -375,3 +375,22 @@ def test_default_figures_with_the_real_plot_module(result) -> None:
     sections = {f.source: f.section for f in figs}
     assert sections.get("tl_geometry.plot.norms_by_position") == "diagnostics"
     assert sections.get("tl_geometry.plot.regimes_by_layer") == "taxonomy"
+
+
+def test_a_commands_page_holds_its_title_settings_and_one_section(tmp_path) -> None:
+    """The page of sparsify, budgets, context and fact (report/page.write_section_page)."""
+    from tl_geometry.report.page import check_self_contained, write_section_page
+    from tl_geometry.report.sections import Summary
+
+    summary = Summary(available=True, lead="the lead", tables=[("a table", pd.DataFrame({"n": [1, 2]}))])
+    figure = ReportFigure("Loss by N", "a caption", go.Figure(go.Scatter(x=[1, 2], y=[3, 4])), "budgets")
+    path = write_section_page(
+        tmp_path / "new", "budgets", "Per-head budgets", summary, [figure], ("Budgets", {"model": "toy"}.items()),
+        title="tl_geometry per-head budgets: toy",
+    )  # fmt: skip
+    text = path.read_text()
+    check_self_contained(text, "the page")
+    assert path == tmp_path / "new" / "index.html"
+    assert "<title>tl_geometry per-head budgets: toy</title>" in text and 'href="#budgets">Per-head budgets<' in text
+    assert "Budgets" in text and "toy" in text and "the lead" in text and "Loss by N" in text
+    assert text.count("<section") == 1

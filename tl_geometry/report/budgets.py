@@ -21,9 +21,8 @@ from typing import Any
 
 import pandas as pd
 
-from tl_geometry.io.files import write_atomic
 from tl_geometry.report.figures import ReportFigure
-from tl_geometry.report.page import footer_html, meta_html, page_html, section_html
+from tl_geometry.report.page import write_section_page
 from tl_geometry.report.sections import Summary
 
 SECTION = "budgets"
@@ -56,19 +55,16 @@ def budgets_figures(table: pd.DataFrame) -> list[ReportFigure]:
 
 def write_budgets_report(out_dir: str | Path, table: pd.DataFrame, config: dict[str, Any] | None = None) -> Path:
     """Write ``out_dir/index.html``: header and the per-head budgets section with its figure; self-contained."""
-    section, _ = section_html(SECTION, budgets_summary(table), budgets_figures(table), 0)
     config = config or {}
-    meta = meta_html([("Budgets", [(str(k), str(v)) for k, v in config.items()])])
-    page = page_html(
-        f"tl_geometry per-head budgets: {config.get('model', 'model')}",
-        meta,
-        [(SECTION, "Per-head budgets", True)],
-        [section],
-        footer_html(str(out_dir)),
+    return write_section_page(
+        out_dir,
+        SECTION,
+        "Per-head budgets",
+        budgets_summary(table),
+        budgets_figures(table),
+        ("Budgets", config.items()),
+        title=f"tl_geometry per-head budgets: {config.get('model', 'model')}",
     )
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    return write_atomic(out / "index.html", lambda p: p.write_text(page, encoding="utf-8"))
 
 
 __all__ = ["budgets_figures", "budgets_summary", "write_budgets_report"]

@@ -23,9 +23,8 @@ from typing import Any
 
 import pandas as pd
 
-from tl_geometry.io.files import write_atomic
 from tl_geometry.report.figures import ReportFigure
-from tl_geometry.report.page import footer_html, meta_html, page_html, section_html
+from tl_geometry.report.page import write_section_page
 from tl_geometry.report.sections import Summary
 
 CONTEXT_SECTION = "context"
@@ -111,36 +110,27 @@ def fact_figures(result: Any, head: tuple[int, int] | None = None) -> list[Repor
     ]
 
 
-def _write_page(out_dir: str | Path, key: str, title: str, summary: Summary, figures: list, config: dict) -> Path:
-    section, _ = section_html(key, summary, figures, 0)
-    meta = meta_html([("Settings", [(str(k), str(v)) for k, v in config.items()])])
-    page = page_html(title, meta, [(key, title, True)], [section], footer_html(str(out_dir)))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    return write_atomic(out / "index.html", lambda p: p.write_text(page, encoding="utf-8"))
-
-
 def write_context_report(out_dir: str | Path, table: pd.DataFrame, config: dict | None = None) -> Path:
     """Write ``out_dir/index.html`` with the context-scaling section; self-contained."""
-    return _write_page(
+    return write_section_page(
         out_dir,
         CONTEXT_SECTION,
         "tl_geometry context scaling",
         context_summary(table),
         context_figures(table),
-        config or {},
+        ("Settings", (config or {}).items()),
     )
 
 
 def write_fact_report(out_dir: str | Path, result: Any, head: tuple[int, int] | None = None) -> Path:
     """Write ``out_dir/index.html`` with the supporting-fact section; self-contained."""
-    return _write_page(
+    return write_section_page(
         out_dir,
         FACT_SECTION,
         "tl_geometry supporting fact",
         fact_summary(result),
         fact_figures(result, head),
-        result.config,
+        ("Settings", result.config.items()),
     )
 
 

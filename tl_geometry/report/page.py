@@ -5,10 +5,12 @@ from __future__ import annotations
 import html
 import re
 from datetime import datetime, timezone
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterable
 
 import pandas as pd
 
+from tl_geometry.io.files import write_atomic
 from tl_geometry.report.figures import SECTIONS, ReportFigure
 from tl_geometry.report.sections import Summary
 
@@ -195,6 +197,40 @@ def footer_html(source: str | None) -> str:
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     src = f" from <code>{esc(source)}</code>" if source else ""
     return f"Built {esc(stamp)}{src} by tl_geometry.report.build_report. Self-contained: opens without a network."
+
+
+def write_section_page(
+    out_dir: str | Path,
+    key: str,
+    label: str,
+    summary: Summary,
+    figures: list[ReportFigure],
+    settings: tuple[str, Iterable[tuple[Any, Any]]],
+    title: str | None = None,
+) -> Path:
+    """Write ``out_dir/index.html`` (created if needed): the self-contained page of one section, as
+    ``tl-geometry sparsify``, ``budgets``, ``context`` and ``fact`` write it.
+
+    Parameters
+    ----------
+    out_dir : str or Path
+        The folder of the page.
+    key, label : str
+        The section's anchor and its name in the page's navigation.
+    summary, figures
+        The section's lead, tables and figures (:func:`section_html`).
+    settings : (str, iterable of (name, value))
+        The header's group of settings: its heading and its rows.
+    title : str, optional
+        The page's title (default: ``label``).
+    """
+    section, _ = section_html(key, summary, figures, 0)
+    heading, rows = settings
+    meta = meta_html([(heading, [(str(k), str(v)) for k, v in rows])])
+    page = page_html(title or label, meta, [(key, label, True)], [section], footer_html(str(out_dir)))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return write_atomic(out / "index.html", lambda p: p.write_text(page, encoding="utf-8"))
 
 
 def check_self_contained(text: str, what: str) -> None:

@@ -24,9 +24,8 @@ from typing import Any
 import pandas as pd
 
 from tl_geometry.errors import InputError
-from tl_geometry.io.files import write_atomic
 from tl_geometry.report.figures import ReportFigure
-from tl_geometry.report.page import footer_html, meta_html, page_html, section_html
+from tl_geometry.report.page import write_section_page
 from tl_geometry.report.sections import Summary
 
 SECTION = "sparsification"
@@ -97,19 +96,16 @@ def write_sparsify_report(
     """Write ``out_dir/index.html``: header, the sparsification section with its figures; self-contained."""
     summary = sparsification_summary(curve, n_star, correlations)
     figures = sparsification_figures(curve, tolerance, result, local)
-    section, _ = section_html(SECTION, summary, figures, 0)
     config = curve.config or {}
-    meta = meta_html([("Curve", [(str(k), str(v)) for k, v in config.items()] + [("tolerance", f"{tolerance:g}")])])
-    page = page_html(
-        f"tl_geometry sparsification: {config.get('model', 'model')}",
-        meta,
-        [(SECTION, "Sparsification", True)],
-        [section],
-        footer_html(str(out_dir)),
+    return write_section_page(
+        out_dir,
+        SECTION,
+        "Sparsification",
+        summary,
+        figures,
+        ("Curve", [*config.items(), ("tolerance", f"{tolerance:g}")]),
+        title=f"tl_geometry sparsification: {config.get('model', 'model')}",
     )
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    return write_atomic(out / "index.html", lambda p: p.write_text(page, encoding="utf-8"))
 
 
 __all__ = ["sparsification_figures", "sparsification_summary", "write_sparsify_report"]
