@@ -223,7 +223,7 @@ class RecordingBar:
     made: list[RecordingBar] = []
 
     def __init__(self, total=None, initial=0, disable=False, **kwargs) -> None:
-        self.total, self.initial, self.updates = total, initial, []
+        self.total, self.initial, self.disable, self.updates = total, initial, disable, []
         RecordingBar.made.append(self)
 
     def update(self, n=1) -> None:
@@ -249,3 +249,26 @@ def test_progress_moves_within_a_batch(llama_bridge, monkeypatch, tmp_path) -> N
     positive = [n for n in bar.updates if n]
     assert len(positive) == n_layers  # one move per layer of the one batch, not one per batch
     assert bar.initial + sum(bar.updates) == bar.total
+
+
+def test_under_torchrun_only_rank_0_draws_the_bar(llama_bridge, monkeypatch, tmp_path) -> None:
+    import tl_geometry.pipeline.loop as loop
+    from tl_geometry.pipeline.plan import plan_analysis
+    from tl_geometry.pipeline.torchrun import World, run_sharded
+
+    class InOneProcess(World):
+        """Two ranks run one after the other in this process: no process group to talk through."""
+
+        def all_gather(self, payload):
+            return [payload] * self.size
+
+        def finish(self) -> None:
+            pass
+
+    monkeypatch.setattr(loop, "tqdm", RecordingBar)
+    RecordingBar.made.clear()
+    plan = plan_analysis(llama_bridge, torch.randint(3, 200, (3, 8)), tlg.AnalysisSettings(ns=[1], taxonomy=False))
+    assert run_sharded(plan, tmp_path, InOneProcess(1, 2, 1)) is None
+    merged = run_sharded(plan, tmp_path, InOneProcess(0, 2, 0))
+    assert [bar.disable for bar in RecordingBar.made] == [True, False]
+    assert sorted(merged.separability.seq.unique()) == [0, 1, 2]
