@@ -94,6 +94,9 @@ def test_a_second_command_on_an_out_in_use_is_refused_and_a_dead_holder_is_repla
             first,  # the same command
             ["run", "--resume", "--out", str(out), *SMALL],
             ["sparsify", "--out", str(out), *SMALL[:4]],
+            ["context", "--out", str(out), "--contexts", "16,32", "--targets", "4", "--no-progress"],
+            ["budgets", "--out", str(out), *SMALL[:4], "--budgets", "4"],
+            ["fact", "--out", str(out), "--amounts", "0,8", "--ns", "4"],
             ["report", str(out)],
         ):
             code, err = run(second, capsys)
@@ -110,7 +113,11 @@ def test_a_second_command_on_an_out_in_use_is_refused_and_a_dead_holder_is_repla
     assert (out / "result.json").is_file() and not (out / ".tl-geometry-lock.json").exists()
 
 
-@pytest.mark.parametrize("command", ["run", "sparsify"])
+#: Valid options of each command that a torchrun group can run.
+OPTIONS = {"run": SMALL[:4], "sparsify": SMALL[:4], "context": ["--contexts", "16,32", "--targets", "4"]}
+
+
+@pytest.mark.parametrize("command", list(OPTIONS))
 def test_torchrun_group_is_refused_together(tmp_path, command) -> None:
     from tl_geometry.io.lock import RunLock
 
@@ -119,7 +126,7 @@ def test_torchrun_group_is_refused_together(tmp_path, command) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     with RunLock(out, command=["the", "first"]):
         proc = subprocess.run(
-            [*torchrun, "-m", "tl_geometry", command, "--out", str(out), *SMALL[:4]],
+            [*torchrun, "-m", "tl_geometry", command, "--out", str(out), *OPTIONS[command]],
             env=env,
             capture_output=True,
             text=True,

@@ -27,6 +27,8 @@ from tl_geometry.cli.common import (
     check_window_options,
     claim_out,
     corpus_from_args,
+    locked_out,
+    out_path,
     parse_names,
     resumable,
 )
@@ -86,6 +88,11 @@ def _options(args: argparse.Namespace) -> dict:
 
 def budgets_command(args: argparse.Namespace) -> int:
     options = _options(args)
+    with locked_out(out_path(args, "comparison", "runs/budgets"), args):  # before the model loads
+        return _budgets(args, options)
+
+
+def _budgets(args: argparse.Namespace, options: dict) -> int:
     out = check_out(
         args,
         what="comparison",

@@ -18,7 +18,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tl_geometry.cli.common import add_out_options, check_out, claim_out, parse_ints, parse_names, resumable
+from tl_geometry.cli.common import (
+    add_out_options,
+    check_out,
+    claim_out,
+    locked_out,
+    out_path,
+    parse_ints,
+    parse_names,
+    resumable,
+)
 from tl_geometry.errors import TLGeometryError
 
 
@@ -92,20 +101,28 @@ def context_command(args: argparse.Namespace) -> int:
     from tl_geometry.pipeline.torchrun import World
 
     options = _options(args)
-    out = check_out(
+    out = out_path(args, "context scaling", "runs/context")
+    world = World.sharding_from_env()
+    if world is None:
+        with locked_out(out, args):
+            _check_out(args)
+            return _context(args, options, out, None)
+    import torch
+
+    with world.session(torch.device("cpu")), locked_out(out, args, world):
+        _check_out(args)  # every rank, before any of them claims the directory
+        world.barrier()
+        return _context(args, options, out, world)
+
+
+def _check_out(args: argparse.Namespace) -> Path:
+    return check_out(
         args,
         what="context scaling",
         example="runs/context",
         saved=lambda d: any(d.glob("context_*/curve.json")),
         nothing_saved="holds no curve (context_*/curve.json)",
     )
-    world = World.sharding_from_env()
-    if world is None:
-        return _context(args, options, out, None)
-    import torch
-
-    with world.session(torch.device("cpu")):
-        return _context(args, options, out, world)
 
 
 def _context(args: argparse.Namespace, options: dict, out: Path, world: Any) -> int:

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tl_geometry.cli.common import add_out_options, check_out, claim_out, parse_ints
+from tl_geometry.cli.common import add_out_options, check_out, claim_out, locked_out, out_path, parse_ints
 from tl_geometry.errors import TLGeometryError
 
 TABLES = ("heads", "loss", "facts")
@@ -75,13 +75,18 @@ def _options(args: argparse.Namespace) -> dict:
 
 
 def fact_command(args: argparse.Namespace) -> int:
+    options = _options(args)
+    with locked_out(out_path(args, "supporting-fact run", "runs/fact"), args):  # before the model loads
+        return _fact(args, options)
+
+
+def _fact(args: argparse.Namespace, options: dict) -> int:
     import pandas as pd
 
     import tl_geometry as tlg
     from tl_geometry.competition.fact import SupportingFact
     from tl_geometry.report.competition import write_fact_report
 
-    options = _options(args)
     out = check_out(
         args,
         what="supporting-fact run",
