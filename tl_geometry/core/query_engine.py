@@ -37,6 +37,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from tl_geometry.core import fused
 from tl_geometry.core.checks import check_row_inputs, typechecked
 from tl_geometry.core.metrics import COMPUTED_METRICS, METRICS, SeparabilityMetrics
 from tl_geometry.core.numerics import cosine_distance, local_errors, pow2, times_pow2
@@ -66,6 +67,9 @@ MAX_SCALE_GAP = 60
 #: Up to this gap the rows' contributions are formed from the block's values (``w 2^gap`` times
 #: ``v 2^-block_exp``), which is exact; beyond it from each row's own scaled values.
 MAX_FOLDED_GAP = 900
+
+#: The screen's kernel when none is given: the fused numba pass where numba imports, else torch.
+DEFAULT_KERNEL = "numba" if fused.AVAILABLE else "torch"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +108,7 @@ def separability_queries(
     row_keys: Int[Tensor, "batch head query"] | None = None,
     dtype: torch.dtype = torch.float64,
     block_cells: int = DEFAULT_BLOCK_CELLS,
+    kernel: str | None = None,
 ) -> QueryRows:
     """Separability of every head and query row of one layer, all query positions at once.
 
@@ -127,6 +132,10 @@ def separability_queries(
         Keys of the rows for ``rank_by="random"`` (:func:`tl_geometry.core.rankings.row_keys`).
     block_cells : int
         Working-set size of one block (rows x keys x (sizes + d)); a tuning knob only.
+    kernel : {"numba", "torch"}, optional
+        How the screen runs on the CPU: one compiled pass over the keys (``"numba"``, the default
+        where numba imports) or tensor operations (``"torch"``, the reference; always on a GPU).
+        Both give the same counts and bit-identical radii.
 
     Returns
     -------
@@ -149,6 +158,13 @@ def separability_queries(
         raise InputError(f"kv_head_of must give one key/value head in 0..{values.shape[2] - 1} per query head")
     if row_keys is not None and tuple(row_keys.shape) != (n_batch, n_heads, n_queries):
         raise InputError(f"row_keys must have shape {(n_batch, n_heads, n_queries)}, one key per row")
+    kernel = DEFAULT_KERNEL if kernel is None else kernel
+    if kernel not in fused.KERNELS:
+        raise InputError(f"kernel must be one of {fused.KERNELS}, got {kernel!r}")
+    if kernel == "numba" and not fused.AVAILABLE:
+        raise InputError("kernel='numba' needs numba (pip install numba); use kernel='torch'")
+    if weights.device.type != "cpu":
+        kernel = "torch"  # the compiled pass is a CPU kernel
     with _block_threads(weights.device) as workers:  # see _solve_all
         return _compute(
             weights,
@@ -164,6 +180,7 @@ def separability_queries(
             dtype,
             block_cells,
             workers,
+            kernel,
         )
 
 
@@ -181,6 +198,7 @@ def _compute(
     dtype: torch.dtype,
     block_cells: int,
     workers: int,
+    kernel: str,
 ) -> QueryRows:
     """:func:`separability_queries` after its checks."""
     n_batch, n_heads, n_queries, n_pos = weights.shape
@@ -207,6 +225,7 @@ def _compute(
         seed,
         row_keys,
         dtype,
+        kernel,
     )
     blocks = _blocks(queries, n_batch * n_heads * n_draws, values.shape[-1], grid, block_cells)
     _solve_all(problem, blocks, out, workers)
@@ -341,6 +360,7 @@ class _Problem:
     seed: int
     row_keys: Tensor | None
     dtype: torch.dtype
+    kernel: str
 
     def solve(self, block: Tensor, out: dict[str, Tensor]) -> None:
         block = block.to(self.weights.device)
@@ -482,9 +502,12 @@ class _Screen:
     rank: Tensor  # [P, E, K]
     centers: Tensor  # [P, E, G, d] float64, scaled
     eps: Tensor  # [P, E] the cosine constant at the rows' scale
-    e_in: Tensor  # [P, K, E, G] dtype: E at the selected keys, -inf elsewhere
-    e_out: Tensor  # [P, K, E, G] dtype: E at the unselected real keys, +inf elsewhere
     band: Tensor  # [P, E, G] dtype
+    # the torch screen: E at the selected keys (-inf elsewhere), at the unselected real keys (+inf
+    # elsewhere), [P, K, E, G] dtype; the fused kernel instead: its inputs (fused.screen_counts)
+    e_in: Tensor | None = None
+    e_out: Tensor | None = None
+    fused_inputs: tuple[Tensor, ...] | None = None
 
     @classmethod
     def of(
@@ -520,10 +543,30 @@ class _Screen:
         unit = (dim + 8) * (torch.finfo(dtype).eps + torch.finfo(torch.float64).eps)
         eps = COSINE_EPS * pow2(-2 * (weight_exp + value_exp))
         if p.distance == "euclidean":
+            band = 2 * unit * (y_max[..., None] + s_norm) ** 2
+        else:
+            band = torch.full_like(s_norm, 2 * unit)
+        # a key's rounding floor when the block's values are finer than the row's (subnormals)
+        floor = 4 * dim * dim * torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps * pow2(gap)
+        band = band + floor[..., None]
+        huge = torch.finfo(dtype).max / 64
+        band = torch.where(screened[..., None], band.clamp(max=huge), huge).to(dtype)
+        screen = cls(rows, w_rows, value_exp, ns, q, rank, centers, eps, band)
+        if p.kernel == "numba":  # one compiled pass over the keys decides from x (fused.py)
+            as_keys = "p e k -> p k e"
+            screen.fused_inputs = (
+                x,
+                einops.rearrange(w_rows, as_keys).to(dtype).contiguous(),
+                v_norm.to(dtype).contiguous(),
+                einops.rearrange(rank, as_keys).contiguous(),
+                s_norm.to(dtype).contiguous(),
+                eps.to(dtype).contiguous(),
+            )
+            return screen
+        if p.distance == "euclidean":
             sq = (w_t * v_norm[..., None].to(dtype)) ** 2
             sq.masked_fill_(padding[None, :, :, None], torch.inf)  # padding keys: +inf, never counted
             e = torch.addcmul(sq, w_t, x, value=-2)  # ||y||^2 - 2 <y, s>
-            band = 2 * unit * (y_max[..., None] + s_norm) ** 2
         else:
             y_len = w_t * v_norm[..., None].to(dtype)
             denominator = y_len * einops.rearrange(s_norm, "p e n -> p 1 e n").to(dtype)
@@ -531,20 +574,17 @@ class _Screen:
             dot = w_t * x
             e = 1 - torch.where(denominator > 0, dot / denominator, 0.0)
             e.masked_fill_(padding[None, :, :, None], torch.inf)
-            band = torch.full_like(s_norm, 2 * unit)
-        # a key's rounding floor when the block's values are finer than the row's (subnormals)
-        floor = 4 * dim * dim * torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps * pow2(gap)
-        band = band + floor[..., None]
-        huge = torch.finfo(dtype).max / 64
-        band = torch.where(screened[..., None], band.clamp(max=huge), huge).to(dtype)
         inside = einops.rearrange(rank, "p e k -> p k e 1") < ns  # [P, K, E, G]
-        e_in = torch.where(inside, e, -torch.inf)
-        e_out = e.masked_fill_(inside, torch.inf)
-        return cls(rows, w_rows, value_exp, ns, q, rank, centers, eps, e_in, e_out, band)
+        screen.e_in = torch.where(inside, e, -torch.inf)
+        screen.e_out = e.masked_fill_(inside, torch.inf)
+        return screen
 
     def counts(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``K_out``, ``K_in``, ``r_max``, ``r_min`` (scaled): four [P, E, G]."""
+        if self.fused_inputs is not None:
+            return self._fused_counts(*self.fused_inputs)
         e_in, e_out, band = self.e_in, self.e_out, self.band
+        assert e_in is not None and e_out is not None
         n_keys = e_in.shape[1]
         has_out = (self.q[:, None] + 1) > self.ns  # [E, G]: some real key is left out
         n_unselected = n_keys - self.ns  # keys at -inf in e_in (padding included), [E, G]
@@ -559,16 +599,56 @@ class _Screen:
         in_lo = _count(e_in < lo_min[:, None]) - n_unselected
         in_hi = torch.where(has_out, _count(e_in <= hi_min[:, None]) - n_unselected, in_lo)
         # radii: direct distances at the extreme key and at every key near it (usually none)
-        r_max = self._extreme(e_in >= lo_max[:, None], "amax")
-        r_min = self._extreme(e_out <= hi_min[:, None], "amin")  # +inf where nothing is left out
+        shape = e_in.shape
+        r_max = self._extreme((e_in >= lo_max[:, None]).nonzero(as_tuple=True), shape, "amax")
+        # +inf where nothing is left out
+        r_min = self._extreme((e_out <= hi_min[:, None]).nonzero(as_tuple=True), shape, "amin")
         k_out, k_in = out_lo, in_lo
         unsure_out, unsure_in = out_lo != out_hi, in_lo != in_hi
         if bool(unsure_out.any()):
             cells = (e_out >= lo_max[:, None]) & (e_out <= hi_max[:, None]) & unsure_out[:, None]
-            k_out = k_out + self._within(cells, r_max)
+            k_out = k_out + self._within(cells.nonzero(as_tuple=True), shape, r_max)
         if bool(unsure_in.any()):
             cells = (e_in >= lo_min[:, None]) & (e_in <= hi_min[:, None]) & unsure_in[:, None]
-            k_in = k_in + self._within(cells, r_min)
+            k_in = k_in + self._within(cells.nonzero(as_tuple=True), shape, r_min)
+        return k_out, k_in, r_max, r_min
+
+    def _fused_counts(
+        self, x: Tensor, w: Tensor, v_norm: Tensor, rank: Tensor, s_norm: Tensor, eps: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """:meth:`counts` from :func:`tl_geometry.core.fused.screen_counts`: the same counts, and
+        the same keys measured by the same code (so the same radii)."""
+        shape = x.shape  # [P, K, E, G]
+        counts, flat = fused.screen_counts(
+            x.numpy(),
+            w.numpy(),
+            v_norm.numpy(),
+            rank.numpy(),
+            self.ns.contiguous().numpy(),
+            self.q.contiguous().numpy(),
+            self.band.numpy(),
+            s_norm.numpy(),
+            eps.numpy(),
+            cosine=self.rows.problem.distance == "cosine",
+        )
+        out_lo, out_hi, in_lo, in_hi = torch.from_numpy(counts)
+        has_out = (self.q[:, None] + 1) > self.ns  # [E, G]: some real key is left out
+        n_unselected = shape[1] - self.ns
+        in_lo = in_lo - n_unselected
+        in_hi = torch.where(has_out, in_hi - n_unselected, in_lo)
+        cells = [torch.unravel_index(torch.from_numpy(f), tuple(shape)) for f in flat]
+        r_max, r_min = self._extreme(cells[0], shape, "amax"), self._extreme(cells[1], shape, "amin")
+        k_out, k_in = out_lo, in_lo
+        for c, (unsure, radius) in enumerate(((out_lo != out_hi, r_max), (in_lo != in_hi, r_min))):
+            if not bool(unsure.any()):
+                continue
+            group, key, row, size = cells[2 + c]
+            keep = unsure[group, row, size]
+            within = self._within((group[keep], key[keep], row[keep], size[keep]), shape, radius)
+            if c == 0:
+                k_out = k_out + within
+            else:
+                k_in = k_in + within
         return k_out, k_in, r_max, r_min
 
     def _distances(self, group: Tensor, key: Tensor, row: Tensor, size: Tensor) -> Tensor:
@@ -585,22 +665,22 @@ class _Screen:
         norm_y, norm_s = torch.linalg.vector_norm(y, dim=-1), torch.linalg.vector_norm(s, dim=-1)
         return cosine_distance(dot, norm_y, norm_s, self.eps[group, row])
 
-    def _extreme(self, mask: Tensor, reduce: str) -> Tensor:
-        """Max / min direct distance over the keys of ``mask`` [P, K, E, G]: [P, E, G]."""
-        group, key, row, size = mask.nonzero(as_tuple=True)
+    def _extreme(self, cells: tuple[Tensor, ...], shape: torch.Size, reduce: str) -> Tensor:
+        """Max / min direct distance over the keys ``cells`` (indices of [P, K, E, G]): [P, E, G]."""
+        group, key, row, size = cells
         dist = self._distances(group, key, row, size)
-        n_groups, _, n_rows, n_sizes = mask.shape
+        n_groups, _, n_rows, n_sizes = shape
         fill = -torch.inf if reduce == "amax" else torch.inf
-        out = torch.full((n_groups * n_rows * n_sizes,), fill, dtype=torch.float64, device=mask.device)
+        out = torch.full((n_groups * n_rows * n_sizes,), fill, dtype=torch.float64, device=group.device)
         out.scatter_reduce_(0, (group * n_rows + row) * n_sizes + size, dist, reduce=reduce)
         return out.view(n_groups, n_rows, n_sizes)
 
-    def _within(self, mask: Tensor, radius: Tensor) -> Tensor:
-        """How many keys of ``mask`` [P, K, E, G] lie within ``radius`` [P, E, G]."""
-        group, key, row, size = mask.nonzero(as_tuple=True)
+    def _within(self, cells: tuple[Tensor, ...], shape: torch.Size, radius: Tensor) -> Tensor:
+        """How many keys ``cells`` (indices of [P, K, E, G]) lie within ``radius`` [P, E, G]."""
+        group, key, row, size = cells
         hits = (self._distances(group, key, row, size) <= radius[group, row, size]).to(torch.int64)
-        n_groups, _, n_rows, n_sizes = mask.shape
-        out = torch.zeros(n_groups * n_rows * n_sizes, dtype=torch.int64, device=mask.device)
+        n_groups, _, n_rows, n_sizes = shape
+        out = torch.zeros(n_groups * n_rows * n_sizes, dtype=torch.int64, device=group.device)
         return out.index_add_(0, (group * n_rows + row) * n_sizes + size, hits).view(n_groups, n_rows, n_sizes)
 
 

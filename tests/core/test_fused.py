@@ -1,0 +1,114 @@
+"""The fused (numba) screen against the torch screen: the same counts and bit-identical radii.
+
+The torch screen is the reference (it is itself checked against the loop reference in
+test_query_engine.py, which runs with the default kernel, the fused one). Here hypothesis draws
+layers with ties, duplicated keys, zero weights and values at extreme scales, for both distances
+and both screening dtypes, and every metric must be equal bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_query_engine import kv_heads, layer_rows
+
+from tl_geometry.core import fused
+from tl_geometry.core.query_engine import separability_queries
+from tl_geometry.errors import InputError
+
+pytestmark = pytest.mark.skipif(not fused.AVAILABLE, reason="numba is not installed")
+
+METRICS = ["precision", "recall", "r_max", "r_min", "retained_mass", "local_error_del", "local_error_ren"]
+
+
+def assert_bit_identical(a, b) -> None:
+    for name in METRICS:
+        x, y = getattr(a, name), getattr(b, name)
+        assert torch.equal(x.isnan(), y.isnan()), name
+        assert torch.equal(x.nan_to_num(0.0), y.nan_to_num(0.0)), name  # == on floats: bit for bit here
+
+
+@st.composite
+def layers(draw):
+    kind = draw(st.sampled_from(["softmax", "ties", "duplicates", "flat", "sink"]))
+    n_keys = draw(st.integers(1, 12))
+    weights, values = layer_rows(kind, n_keys, d=draw(st.integers(1, 6)), seed=draw(st.integers(0, 2**16)))
+    zero = draw(st.floats(0.0, 0.5))  # zero weights: keys that carry nothing (rows renormalised)
+    if zero > 0:
+        keep = torch.rand(weights.shape, generator=torch.Generator().manual_seed(n_keys)) >= zero
+        keep[..., 0] = True
+        weights = weights * keep
+        weights = weights / weights.sum(-1, keepdim=True)
+    scale = draw(st.sampled_from([1.0, 2.0**-600, 2.0**500, 1e-300]))
+    if draw(st.booleans()):  # one key far louder than the rest: extreme scales within a row
+        values[:, n_keys // 2] *= 2.0**40
+    if draw(st.booleans()) and n_keys >= 2:  # duplicated values at other weights
+        values[:, -1] = values[:, 0]
+    return weights, values * scale
+
+
+@settings(max_examples=60, deadline=None)
+@given(layers(), st.sampled_from(["euclidean", "cosine"]), st.sampled_from([torch.float64, torch.float32]),
+       st.sampled_from(["log", "all", [1, 3, 2]]))  # fmt: skip
+def test_fused_screen_equals_the_torch_screen(layer, distance, dtype, ns):
+    weights, values = layer
+    n_keys = weights.shape[-1]
+    if isinstance(ns, list):
+        ns = [n for n in ns if n <= n_keys] or [1]
+        positions = [q for q in range(n_keys) if q + 1 >= max(ns)]
+    else:
+        positions = list(range(n_keys))
+    weights = weights[:, :, positions]
+    kw = dict(distance=distance, dtype=dtype, block_cells=300)
+    ref = separability_queries(weights, values, positions, kv_heads(4, 2), ns, kernel="torch", **kw)
+    got = separability_queries(weights, values, positions, kv_heads(4, 2), ns, kernel="numba", **kw)
+    assert_bit_identical(ref, got)
+
+
+@pytest.mark.parametrize("rank_by", ["contribution", "random"])
+def test_fused_screen_equals_the_torch_screen_for_other_rankings(rank_by):
+    weights, values = layer_rows("ties", 16, seed=3)
+    kw = dict(rank_by=rank_by, n_random=3, block_cells=2000)
+    ref = separability_queries(weights, values, list(range(16)), kv_heads(4, 2), "all", kernel="torch", **kw)
+    got = separability_queries(weights, values, list(range(16)), kv_heads(4, 2), "all", kernel="numba", **kw)
+    assert_bit_identical(ref, got)
+
+
+def test_the_cells_to_recheck_outgrow_their_first_buffer():
+    """Every key tied with every other (a flat row of equal values): every key is near both radii,
+    more cells than the first buffer holds; the counts must still be those of the torch screen."""
+    weights, values = layer_rows("flat", 40, d=3)
+    values[:] = 1.0
+    ref = separability_queries(weights, values, list(range(40)), kv_heads(4, 2), "all", kernel="torch")
+    got = separability_queries(weights, values, list(range(40)), kv_heads(4, 2), "all", kernel="numba")
+    assert_bit_identical(ref, got)
+
+
+def test_screen_counts_by_hand():
+    """One group, one row of three keys, sizes 1 and 2 (Euclidean, E = ||y||^2 - 2 <y, s>)."""
+    x = np.array([[[[1.0, 1.0]], [[0.0, 0.5]], [[2.0, 0.0]]]])  # [P=1, K=3, E=1, G=2]
+    w = np.ones((1, 3, 1))
+    v_norm = np.array([[[1.0], [1.0], [2.0]]])
+    rank = np.array([[[0], [1], [2]]])  # selection order: key 0, then 1, then 2
+    ns = np.array([[1, 2]])
+    band = np.full((1, 1, 2), 0.25)
+    counts, cells = fused.screen_counts(
+        x, w, v_norm, rank, ns, np.array([2]), band, np.ones((1, 1, 2)), np.zeros((1, 1)), cosine=False
+    )
+    # E: N=1: key 0 (selected) -1, key 1 1, key 2 0; N=2: key 0 -1, key 1 (selected) 0, key 2 4.
+    # Raw counts over all three keys (unselected keys are -inf in e_in, so they count below r_min)
+    assert counts[:, 0, 0].tolist() == [[0, 0], [0, 0], [3, 3], [3, 3]]
+    # flat [P, K, E, G] index k * 2 + g: near r_max the largest selected (key 0 for N=1, key 1 for
+    # N=2); near r_min the smallest unselected (key 2 for both)
+    assert cells[0].tolist() == [0, 3]
+    assert cells[1].tolist() == [4, 5]
+    assert cells[2].size == cells[3].size == 0
+
+
+def test_unknown_kernel_is_refused():
+    weights, values = layer_rows("softmax", 4)
+    with pytest.raises(InputError, match="kernel must be one of"):
+        separability_queries(weights, values, list(range(4)), kv_heads(4, 2), kernel="cuda")
