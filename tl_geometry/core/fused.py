@@ -17,6 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
+from torch import Tensor
 
 try:  # numba is a dependency; a broken install falls back to the torch screen
     import numba
@@ -112,11 +114,34 @@ def _screen_counts(x, w, v_norm, rank, ns, q, band, s_norm, eps, consts, cosine,
     return n_cells
 
 
+def _prefix_sums(v, order, factor, at, by_size, last, centers, z):  # pragma: no cover - compiled
+    """Running sums of ``v[order[k]] * factor[k]`` over ``k``, kept at the keys ``at`` (visited in the
+    order ``by_size``) and at ``last``: what ``cumsum`` then ``gather`` give, summed in the same order."""
+    n_groups, n_rows, n_keys = order.shape
+    n_sizes, dim = at.shape[1], v.shape[2]
+    acc = np.empty(dim, dtype=v.dtype)
+    for p in range(n_groups):
+        for r in range(n_rows):
+            acc[:] = 0.0
+            g = 0
+            for k in range(n_keys):
+                key, f = order[p, r, k], factor[p, r, k]
+                for j in range(dim):
+                    acc[j] += v[p, key, j] * f
+                while g < n_sizes and at[r, by_size[r, g]] == k:
+                    centers[p, r, by_size[r, g]] = acc
+                    g += 1
+                if k == last[r]:
+                    z[p, r, 0] = acc
+
+
 _compiled: Any = None
+_compiled_sums: Any = None
 if AVAILABLE:
     _value = numba.njit(cache=True, inline="always")(_value)
     _keep = numba.njit(cache=True, inline="never")(_keep)
     _compiled = numba.njit(cache=True, nogil=True)(_screen_counts)
+    _compiled_sums = numba.njit(cache=True, nogil=True)(_prefix_sums)
 
 
 def screen_counts(
@@ -182,4 +207,45 @@ def screen_counts(
     return counts, [cells[c, : n_cells[c]] for c in range(4)]
 
 
-__all__ = ["AVAILABLE", "KERNELS", "screen_counts"]
+def prefix_sums(v: Tensor, order: Tensor, factor: Tensor, at: Tensor, last: Tensor) -> tuple[Tensor, Tensor]:
+    """The centres ``s(N)`` and outputs of one block's rows without their ``[P, E, K, d]`` running sums.
+
+    Parameters
+    ----------
+    v : [P, K, d] float64
+        The block's values.
+    order : [P, E, K] int64
+        Each row's selection order.
+    factor : [P, E, K] float64
+        Each row's weight of its ``k``-th selected key (the contribution is ``v[order[k]] * factor[k]``).
+    at : [E, G] int64
+        ``N - 1`` of each row's sizes.
+    last : [E] int64
+        Each row's last real key (``K - 1``).
+
+    Returns
+    -------
+    centers : [P, E, G, d] float64
+        ``sum_{k <= at} v[order[k]] * factor[k]``, summed in ``k`` order as ``torch.cumsum``.
+    z : [P, E, 1, d] float64
+        The same at ``last``.
+    """
+    n_groups, n_rows, _ = order.shape
+    centers = torch.empty((n_groups, n_rows, at.shape[1], v.shape[2]), dtype=v.dtype)
+    z = torch.empty((n_groups, n_rows, 1, v.shape[2]), dtype=v.dtype)
+    at = at.contiguous()
+    by_size = torch.argsort(at, dim=1, stable=True)
+    _compiled_sums(
+        v.contiguous().numpy(),
+        order.contiguous().numpy(),
+        factor.contiguous().numpy(),
+        at.numpy(),
+        by_size.numpy(),
+        last.contiguous().numpy(),
+        centers.numpy(),
+        z.numpy(),
+    )
+    return centers, z
+
+
+__all__ = ["AVAILABLE", "KERNELS", "prefix_sums", "screen_counts"]

@@ -457,16 +457,21 @@ class _BlockRows:
         flat = (torch.arange(n_groups, device=device)[:, None, None] * n_keys + order).reshape(-1)
         sorted_w = torch.gather(w_rows, -1, order)
         gap = self.block_exp[:, None] - value_exp  # [P, E] >= 0
-        if int(gap.max()) <= MAX_FOLDED_GAP:  # w 2^gap and v 2^-block_exp are exact
-            sorted_y = self.v_block.reshape(-1, dim).index_select(0, flat).view(n_groups, n_rows, n_keys, dim)
-            sorted_y.mul_((sorted_w * pow2(gap)[..., None])[..., None])
+        folded = int(gap.max()) <= MAX_FOLDED_GAP  # w 2^gap and v 2^-block_exp are exact
+        if folded and p.kernel == "numba":  # the same sums, without the [P, E, K, d] tensor
+            factor = sorted_w * pow2(gap)[..., None]
+            centers, z = fused.prefix_sums(self.v_block, order, factor, ns - 1, q_rows)
         else:
-            sorted_y = self.v.reshape(-1, dim).index_select(0, flat).view(n_groups, n_rows, n_keys, dim)
-            sorted_y = times_pow2(sorted_y, -value_exp[..., None, None]).mul_(sorted_w[..., None])
-        sorted_y.cumsum_(dim=-2)
-        centers = torch.gather(sorted_y, -2, einops.repeat(ns - 1, "e n -> p e n d", p=n_groups, d=dim))
-        z = torch.gather(sorted_y, -2, einops.repeat(q_rows, "e -> p e 1 d", p=n_groups, d=dim))  # s(K): the output
-        del sorted_y
+            if folded:
+                sorted_y = self.v_block.reshape(-1, dim).index_select(0, flat).view(n_groups, n_rows, n_keys, dim)
+                sorted_y.mul_((sorted_w * pow2(gap)[..., None])[..., None])
+            else:
+                sorted_y = self.v.reshape(-1, dim).index_select(0, flat).view(n_groups, n_rows, n_keys, dim)
+                sorted_y = times_pow2(sorted_y, -value_exp[..., None, None]).mul_(sorted_w[..., None])
+            sorted_y.cumsum_(dim=-2)
+            centers = torch.gather(sorted_y, -2, einops.repeat(ns - 1, "e n -> p e n d", p=n_groups, d=dim))
+            z = torch.gather(sorted_y, -2, einops.repeat(q_rows, "e -> p e 1 d", p=n_groups, d=dim))  # s(K)
+            del sorted_y
         rank = torch.empty_like(order).scatter_(-1, order, torch.arange(n_keys, device=device).expand_as(order))
         screen = _Screen.of(self, w_rows, value_exp, weight_exp, ns, q_rows, rank, centers)
         k_out, k_in, r_max, r_min = screen.counts()
