@@ -5,15 +5,20 @@ default 2) for the forward pass and the analysis, on windows of ``--seq-len`` to
 of the embedded CPython documentation corpus, log grid of ``N``, attention ranking:
 
 1. every query position (``query_positions="all"``, the query engine) / forward, float64 (the
-   default) and float32 screening (float64 re-check) [target <= 3];
+   default), with the pure-torch screen (``kernel="torch"``, before) and the fused numba pass
+   (``kernel="numba"``, after), and float32 screening (float64 re-check) [target <= 3]; the floor:
+   the multiply-adds ``<v_i, s(N)>`` the definition needs at the measured float64 matmul throughput;
 2. the old way, one query position at a time (``tl_geometry.core.separability`` per position), against
-   the query engine on the same ``--stride``-spaced positions: the speed-up of the engine.
+   the query engine on the same ``--stride``-spaced positions: the speed-up of the engine
+   (``--no-old-way`` skips it);
+3. separability for every ``N`` and the random control (16 draws, log grid), last query of
+   ``--last-query-len`` tokens (default 1024) / forward, each with its floor [targets <= 0.3].
 
 "forward" is the model's plain forward pass over the same windows (no hooks), the best of two;
 "analysis" is the time inside the hooks (``AnalysisResult.timings['analysis_s']``).
 
-Run:  OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_queries.py           (about 5 minutes on 2 cores)
-      OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_queries.py --seq-len 128
+Run:  OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_queries.py           (about 8 minutes on 2 cores)
+      OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_queries.py --threads 1 --no-old-way
 """
 
 from __future__ import annotations
@@ -49,11 +54,40 @@ def forward_seconds(model, tokens: torch.Tensor) -> float:
     return total
 
 
-def analysis_seconds(model, tokens: torch.Tensor, **kwargs) -> tuple[float, int]:
+def analysis_seconds(model, tokens: torch.Tensor, kernel: str | None = None, **kwargs) -> tuple[float, int]:
+    import tl_geometry as tlg
+    from tl_geometry.core import query_engine
+
+    kwargs = {"ns": "log", **kwargs}
+    default = query_engine.DEFAULT_KERNEL
+    query_engine.DEFAULT_KERNEL = kernel or default  # the screen of every query engine call
+    try:
+        result = tlg.analyze(model, tokens, batch_size=1, progress=False, taxonomy=False, **kwargs)
+    finally:
+        query_engine.DEFAULT_KERNEL = default
+    return result.timings["analysis_s"], len(result.separability)
+
+
+def last_query_lines(model, seq_len: int, rate: float) -> None:
+    """Every N and the random control on one window's last query, each with its floor."""
+    from roofline import floor_line, last_query_macs
+
     import tl_geometry as tlg
 
-    result = tlg.analyze(model, tokens, batch_size=1, progress=False, taxonomy=False, ns="log", **kwargs)
-    return result.timings["analysis_s"], len(result.separability)
+    tokens = tlg.corpus_tokens(model, tlg.corpus.python_docs(n_seqs=1, seq_len=seq_len))
+    forward = forward_seconds(model, tokens)
+    info = tlg.describe_model(model)
+    rows = info.n_heads * info.n_layers
+    every_n, _ = analysis_seconds(model, tokens, ns=None)
+    print(f"every N, last query, 1 x {seq_len} tokens: analysis {every_n:.2f}s / forward {forward:.2f}s = "
+          f"{every_n / forward:.2f} [target <= 0.3]", flush=True)  # fmt: skip
+    print(floor_line("every N", last_query_macs(seq_len, rows, info.d_head, seq_len), rate, forward))
+    grid = len(tlg.log_spaced_ns(seq_len))
+    attention, _ = analysis_seconds(model, tokens, rank_by=("attention",))
+    both, _ = analysis_seconds(model, tokens, rank_by=("attention", "random"), n_random=16)
+    print(f"random control (16 draws, log grid) adds {both - attention:.2f}s / forward {forward:.2f}s = "
+          f"{(both - attention) / forward:.2f} [target <= 0.3]", flush=True)  # fmt: skip
+    print(floor_line("the random control", last_query_macs(seq_len, rows, info.d_head, grid, 16), rate, forward))
 
 
 def main() -> None:
@@ -63,7 +97,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, mps")
     parser.add_argument("--stride", type=int, default=16, help="query spacing of the old-way comparison")
+    parser.add_argument("--no-old-way", action="store_true", help="skip the one-position-at-a-time comparison")
+    parser.add_argument("--last-query-len", type=int, default=1024, help="tokens of the every-N / random window")
     args = parser.parse_args()
+    from roofline import every_query_macs, floor_line, matmul_macs_per_second
+
     import tl_geometry as tlg
 
     torch.set_num_threads(args.threads)  # after the import: a count the package takes as the user's
@@ -75,10 +113,27 @@ def main() -> None:
     forward = forward_seconds(model, tokens)
     shape = f"{args.n_seqs} x {args.seq_len} tokens"
     print(f"forward {forward:.2f}s ({shape})", flush=True)
-    for name, dtype in (("float64", torch.float64), ("float32 screening", torch.float32)):
-        seconds, rows = analysis_seconds(model, tokens, query_positions="all", dtype=dtype)
-        print(f"every query position, log grid, {name}: analysis {seconds:.2f}s / forward {forward:.2f}s = "
-              f"{seconds / forward:.2f} [target <= 3]  ({rows} rows)", flush=True)  # fmt: skip
+    seconds = {}
+    for name, kernel, dtype in (
+        ("float64, torch screen (before)", "torch", torch.float64),
+        ("float64, fused numba pass (after)", "numba", torch.float64),
+        ("float32 screening, fused", "numba", torch.float32),
+    ):
+        seconds[name], rows = analysis_seconds(model, tokens, kernel, query_positions="all", dtype=dtype)
+        print(f"every query position, log grid, {name}: analysis {seconds[name]:.2f}s / forward {forward:.2f}s = "
+              f"{seconds[name] / forward:.2f} [target <= 3]  ({rows} rows, load {os.getloadavg()[0]:.1f})",
+              flush=True)  # fmt: skip
+    before, after = seconds["float64, torch screen (before)"], seconds["float64, fused numba pass (after)"]
+    print(f"  fused / torch screen: {after / before:.2f}")
+    rate = matmul_macs_per_second(torch.float64)
+    info = tlg.describe_model(model)
+    macs = args.n_seqs * every_query_macs(args.seq_len, info.n_heads * info.n_layers, info.d_head)
+    print(floor_line("every query position (float64)", macs, rate, forward))
+    print(f"  the fused pass is {after / (macs / rate):.1f} x its floor", flush=True)
+    last_query_lines(model, args.last_query_len, rate)
+    if args.no_old_way:
+        print(f"load average at the end {os.getloadavg()[0]:.1f}")
+        return
     positions = slice(args.stride - 1, None, args.stride)
     engine, _ = analysis_seconds(model, tokens, query_positions=positions)
     minimum = observers.MIN_QUERIES_FOR_BLOCKS

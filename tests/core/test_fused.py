@@ -50,7 +50,7 @@ def layers(draw):
     return weights, values * scale
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(layers(), st.sampled_from(["euclidean", "cosine"]), st.sampled_from([torch.float64, torch.float32]),
        st.sampled_from(["log", "all", [1, 3, 2]]))  # fmt: skip
 def test_fused_screen_equals_the_torch_screen(layer, distance, dtype, ns):

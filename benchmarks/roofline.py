@@ -1,0 +1,49 @@
+"""The floor of a separability benchmark: the multiply-adds its definition needs, at the machine's
+measured matrix-product throughput (a roofline).
+
+Every metric of a row needs ``<v_i, s(N)>`` for each key ``i`` and size ``N`` of its grid: ``K G d``
+multiply-adds per row (``G`` sizes, ``d`` value dimensions), and ``D`` times that for ``D`` random
+draws. No engine can do less than these products; the floor is their count over the throughput of
+one large float64 (or float32) matrix product on the same threads.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from tl_geometry.core.sizes import log_spaced_ns
+
+
+def matmul_macs_per_second(dtype: torch.dtype, size: int = 512, repeats: int = 5) -> float:
+    """Multiply-adds per second of a ``[3, size, 64] @ [3, 64, 8 size]`` product (the engine's shape)
+    in ``dtype``, the best of ``repeats``."""
+    a = torch.randn(3, size, 64, dtype=dtype)
+    b = torch.randn(3, 64, 8 * size, dtype=dtype)
+    torch.bmm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.bmm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return a.numel() * b.shape[-1] / best
+
+
+def every_query_macs(seq_len: int, n_rows_per_query: int, d: int) -> int:
+    """``sum_q (q + 1) G(q + 1) d`` over every query ``q`` of a window (log grid), times the rows
+    (heads x layers) of each query."""
+    return n_rows_per_query * d * sum(k * len(log_spaced_ns(k)) for k in range(1, seq_len + 1))
+
+
+def last_query_macs(seq_len: int, n_rows: int, d: int, sizes: int, draws: int = 1) -> int:
+    """``K G d D`` for the last query's row of ``n_rows`` heads (x layers)."""
+    return n_rows * seq_len * sizes * d * draws
+
+
+def floor_line(name: str, macs: int, rate: float, forward: float) -> str:
+    seconds = macs / rate
+    return (
+        f"  floor of {name}: {macs / 1e9:.1f} G multiply-adds / {rate / 1e9:.1f} G/s = {seconds:.2f}s "
+        f"= {seconds / forward:.2f} x forward"
+    )
