@@ -48,9 +48,30 @@ class RowsOnDisk:
     n_rows: int
     n_layers: int
 
+    @classmethod
+    def of(cls, path: Path) -> "RowsOnDisk":
+        """The row table saved in ``path``, described from its metadata and its ``layer`` column
+        (read in batches): nothing else is read."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        layers: set[int] = set()
+        with pq.ParquetFile(path) as file:
+            n_rows = file.metadata.num_rows
+            if "layer" in file.schema_arrow.names:
+                for batch in file.iter_batches(columns=["layer"]):
+                    layers.update(pc.unique(batch.column(0)).to_pylist())
+        return cls(Path(path), n_rows, len(layers))
+
     def load(self) -> pd.DataFrame:
         """The table, as :func:`pandas.read_parquet` reads it."""
         return pd.read_parquet(self.path)
+
+    def column_names(self) -> list[str]:
+        """The table's columns, from the file's schema."""
+        import pyarrow.parquet as pq
+
+        return list(pq.read_schema(self.path).names)
 
 
 def part_windows(path: Path) -> tuple[int, int]:

@@ -25,15 +25,18 @@ from tl_geometry.capture.observers import LOCAL_ERROR_METRICS, SEPARABILITY_METR
 from tl_geometry.capture.tables import REFERENCE_RANKING, attention_rows
 from tl_geometry.errors import InputError
 from tl_geometry.io.files import write_atomic, write_json_atomic
+from tl_geometry.io.row_sums import group_sums, means_of_sums
 from tl_geometry.io.rows_on_disk import RowsOnDisk
 from tl_geometry.models import ModelInfo
 from tl_geometry.taxonomy import classify_heads, rho0_table, sink_effect
-from tl_geometry.theory.observer import envelopes
+from tl_geometry.theory.observer import ENVELOPE_INPUTS, envelope_indicators, envelopes
 
 #: Version of the layout :meth:`AnalysisResult.save` writes (recorded in ``result.json``).
 RESULT_FORMAT = 1
 #: Key order of the rows of ``AnalysisResult.separability`` (``rank_by`` in the order of the settings).
 ROW_ORDER = ["seq", "layer", "head", "query_pos", "rank_by", "n"]
+#: Groups of :meth:`AnalysisResult.separability_sums`: every key of a row but the window.
+SUM_GROUPS = ["layer", "head", "kv_head", "query_pos", "rank_by", "n"]
 
 
 @dataclass
@@ -84,6 +87,7 @@ class AnalysisResult:
     similarity_curve: pd.DataFrame | None = field(default=None, repr=False)
     attention_profile_curve: pd.DataFrame | None = field(default=None, repr=False)
     regime_features: pd.DataFrame | None = field(default=None, repr=False)
+    _sums: pd.DataFrame | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def separability(self) -> pd.DataFrame:
@@ -92,10 +96,35 @@ class AnalysisResult:
             self.rows = self.rows.load()
         return self.rows
 
+    def separability_sums(self) -> pd.DataFrame:
+        """The separability rows summed per (layer, head, kv_head, query_pos, rank_by, n), computed once.
+
+        Every mean over rows that the result, its summaries, figures and report give comes from
+        this table (:func:`tl_geometry.io.row_sums.means_of_sums`), so rows kept on disk
+        (``out_dir``) are read in batches and never held: memory does not grow with the number of
+        windows. Columns: the groups, ``n_rows``, and for every numeric column ``c`` its sum ``c``
+        and count ``c__count`` (with bounds, also the indicators of
+        :func:`tl_geometry.theory.observer.envelope_indicators`); ``attrs["n_seqs"]`` counts the
+        windows.
+        """
+        if self._sums is None:
+            source = self.rows.path if isinstance(self.rows, RowsOnDisk) else self.rows
+            columns = self.separability_columns()
+            groups = [c for c in SUM_GROUPS if c in columns]
+            prepare = envelope_indicators if set(ENVELOPE_INPUTS) <= set(columns) else None
+            self._sums = group_sums(source, groups, prepare=prepare)
+        return self._sums
+
+    def separability_columns(self) -> list[str]:
+        """The columns of the separability table, without reading its rows."""
+        if isinstance(self.rows, RowsOnDisk):
+            return self.rows.column_names()
+        return list(self.rows.columns)
+
     def mean_by_n(self) -> pd.DataFrame:
         """Mean precision, recall and F-scores per ``N`` over every sequence, layer, head and query,
         for the attention ranking (definitions §2; the other rankings: :meth:`mean_by_ranking`)."""
-        return attention_rows(self.separability).groupby("n")[SEPARABILITY_METRICS].mean().reset_index()
+        return means_of_sums(attention_rows(self.separability_sums()), ["n"])[["n", *SEPARABILITY_METRICS]]
 
     def mean_by_ranking(self) -> pd.DataFrame:
         """Per ranking and ``N``: the mean of every metric and local error over every sequence, layer,
@@ -104,15 +133,12 @@ class AnalysisResult:
         Rankings come in the order of ``rank_by``; compare attention with the random control at
         each ``N`` (definitions §7).
         """
-        table = self.separability
+        table = self.separability_sums()
         if "rank_by" not in table.columns:
             table = table.assign(rank_by=REFERENCE_RANKING)
         metrics = [c for c in [*SEPARABILITY_METRICS, *LOCAL_ERROR_METRICS] if c in table.columns]
-        grouped = table.groupby(["rank_by", "n"], sort=False)
-        out = grouped[metrics].mean()
-        out["n_rows"] = grouped.size()
+        out = means_of_sums(table, ["rank_by", "n"], sort=False)[["rank_by", "n", *metrics, "n_rows"]]
         order = {name: i for i, name in enumerate(self.config.get("rank_by") or table["rank_by"].unique())}
-        out = out.reset_index()
         return out.sort_values(["rank_by", "n"], key=lambda c: c.map(order) if c.name == "rank_by" else c).reset_index(
             drop=True
         )
@@ -123,9 +149,12 @@ class AnalysisResult:
         Needs ``analyze(..., bounds=True)``. Aggregates over every sequence, layer, head and query
         position (see :func:`tl_geometry.theory.observer.envelopes` for the columns).
         """
-        if "precision_lower" not in self.separability:
+        if "precision_lower" not in self.separability_columns():
             raise InputError("this result has no bounds: run tlg.analyze(..., bounds=True) first")
-        table = envelopes(attention_rows(self.separability), by)
+        if set(by) <= set(SUM_GROUPS):
+            table = envelopes(self.separability_sums(), by)
+        else:
+            table = envelopes(attention_rows(self.separability), by)
         table.attrs["kappa"] = (self.config.get("bounds") or {}).get("kappa")
         return table
 
@@ -142,7 +171,7 @@ class AnalysisResult:
             rho0 = self.similarity
         else:
             raise InputError("this result has no rho_0: run tlg.analyze(..., taxonomy=True) or diagnostics=True")
-        return sink_effect(attention_rows(self.separability), rho0, query_pos=query_pos)
+        return sink_effect(self.separability_sums(), rho0, query_pos=query_pos)
 
     def classify_heads(self, query_pos: int | None = None, *, mode: str = "strict", **thresholds: Any) -> pd.DataFrame:
         """Retriever / Reset / Mixer / Unclassified per (layer, head) (definitions §5), ``mode="strict"`` or
@@ -195,7 +224,7 @@ def save_array(array: np.ndarray, path: Path) -> None:
 
 
 #: The optional tables of a result besides the separability rows (attribute and file name alike).
-TABLES = tuple(f.name for f in fields(AnalysisResult) if f.default is None)
+TABLES = tuple(f.name for f in fields(AnalysisResult) if f.default is None and f.init)
 
 
 def load_result(directory: str | Path) -> AnalysisResult:
@@ -208,7 +237,7 @@ def load_result(directory: str | Path) -> AnalysisResult:
     meta = _read_result_json(src)
     tables = {name: src / f"{name}.parquet" for name in TABLES}
     return AnalysisResult(
-        rows=_read_saved(src / "separability.parquet", pd.read_parquet),
+        rows=_read_saved(src / "separability.parquet", RowsOnDisk.of),
         model=ModelInfo(**meta["model"]),
         config=meta["config"],
         timings=meta.get("timings", {}),

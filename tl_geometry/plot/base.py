@@ -10,6 +10,8 @@ import plotly.graph_objects as go
 
 from tl_geometry.capture.tables import attention_rows, select_query_pos
 from tl_geometry.errors import InputError
+from tl_geometry.io.row_sums import group_sums, is_sums_table
+from tl_geometry.theory.observer import ENVELOPE_INPUTS, envelope_indicators
 
 #: How to obtain each optional table, for the error messages.
 DIAGNOSTICS = "run tlg.analyze(..., diagnostics=True)"
@@ -38,6 +40,42 @@ def get_table(obj: Any, name: str, how: str, figure: str, columns: Iterable[str]
     if table.empty:
         raise InputError(f"{figure}(): the `{name}` table has no rows (nothing was analysed)")
     return attention_rows(table) if name == "separability" else table
+
+
+#: The groups of a separability sums table (every key of a row but the window).
+SUM_GROUPS = ["layer", "head", "kv_head", "query_pos", "rank_by", "n"]
+
+
+def separability_sums(
+    obj: Any, how: str, figure: str, columns: Iterable[str] = (), *, attention: bool = True
+) -> pd.DataFrame:
+    """The separability rows of ``obj`` summed per (layer, head, kv_head, query_pos, rank_by, n).
+
+    ``obj`` is a result (its :meth:`~tl_geometry.pipeline.result.AnalysisResult.separability_sums`:
+    rows on disk are read in batches, never whole), a separability table, or a sums table
+    (:func:`tl_geometry.io.row_sums.group_sums`). Checked for ``columns`` and rows as
+    :func:`get_table`; only the attention rows when ``attention``.
+    """
+    if isinstance(obj, pd.DataFrame):
+        table = obj
+        if not is_sums_table(table):
+            missing = [c for c in columns if c not in table.columns]
+            if missing:
+                raise InputError(
+                    f"{figure}() needs the columns {missing} of the `separability` table, which lacks them: {how}"
+                )
+            prepare = envelope_indicators if set(ENVELOPE_INPUTS) <= set(table.columns) else None
+            table = group_sums(table, [c for c in SUM_GROUPS if c in table.columns], prepare=prepare)
+    elif callable(getattr(obj, "separability_sums", None)):
+        table = obj.separability_sums()
+    else:
+        raise InputError(f"{figure}() needs the `separability` table, which {type(obj).__name__} does not hold: {how}")
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise InputError(f"{figure}() needs the columns {missing} of the `separability` table, which lacks them: {how}")
+    if table.empty:
+        raise InputError(f"{figure}(): the `separability` table has no rows (nothing was analysed)")
+    return attention_rows(table) if attention else table
 
 
 def select_query(table: pd.DataFrame, query_pos: int | None, figure: str) -> pd.DataFrame:

@@ -9,7 +9,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tl_geometry.errors import InputError
-from tl_geometry.plot.base import N_AXIS, as_array, select_query
+from tl_geometry.io.row_sums import means_of_sums
+from tl_geometry.plot.base import N_AXIS, as_array, select_query, separability_sums
 
 if TYPE_CHECKING:
     from tl_geometry.pipeline.result import AnalysisResult
@@ -70,7 +71,7 @@ def separability_by_ranking(
         )
     sep = select_query(sep, query_pos, "separability_by_ranking")
     rankings = list(dict.fromkeys(sep["rank_by"]))
-    mean = sep.groupby(["rank_by", "n"])[list(metrics)].mean()
+    mean = means_of_sums(sep, ["rank_by", "n"]).set_index(["rank_by", "n"])
     fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=list(metrics), shared_yaxes=True)
     for col, metric in enumerate(metrics, start=1):
         for name in rankings:
@@ -90,13 +91,14 @@ def separability_by_ranking(
             )
         fig.update_xaxes(title_text=N_AXIS, type="log", row=1, col=col)
     fig.update_yaxes(title_text="mean over sequences, layers and heads (share, 0–1)", row=1, col=1)
-    title = f"Selection by ranking against the random control: mean per N over {len(sep)} rows"
+    title = f"Selection by ranking against the random control: mean per N over {int(sep['n_rows'].sum())} rows"
     fig.update_layout(title=dict(text=title), template="plotly_white", legend=dict(title=None))
     return fig
 
 
 def _table(result: Any) -> pd.DataFrame:
-    table = result if isinstance(result, pd.DataFrame) else getattr(result, "separability", None)
-    if not isinstance(table, pd.DataFrame) or table.empty:
-        raise InputError("separability_by_ranking() needs the separability table of tlg.analyze(...)")
-    return table
+    """The sums of the separability rows of every ranking (rows on disk are read in batches)."""
+    try:
+        return separability_sums(result, "run tlg.analyze(...)", "separability_by_ranking", attention=False)
+    except InputError:
+        raise InputError("separability_by_ranking() needs the separability table of tlg.analyze(...)") from None

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tl_geometry.errors import InputError
-from tl_geometry.plot.base import N_AXIS, as_array, base_layout, get_table
+from tl_geometry.plot.base import N_AXIS, as_array, base_layout, separability_sums
 from tl_geometry.plot.colors import REGIME_COLORS, REGIME_ORDER
 from tl_geometry.plot.regime_curves import check_heads
 from tl_geometry.taxonomy import regime_pr_curves, regime_shares
@@ -98,9 +98,7 @@ def regime_pr(
     than in raw precision / recall.
     """
     check_heads(heads, "regime_pr")
-    sep = get_table(
-        result, "separability", "run tlg.analyze(...)", "regime_pr", ["layer", "head", "n", "precision", "recall"]
-    )
+    sep = separability_sums(result, "run tlg.analyze(...)", "regime_pr", ["layer", "head", "n", "precision", "recall"])
     curves = regime_pr_curves(sep, heads, query_pos=query_pos)
     curves["regime"] = curves["regime"].astype(str)
     order = [r for r in REGIME_ORDER if include_unclassified or r != "Unclassified"]

@@ -9,7 +9,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tl_geometry.errors import InputError
-from tl_geometry.plot.base import BOUNDS, N_AXIS, as_array, base_layout, get_table, select_query
+from tl_geometry.io.row_sums import means_of_sums
+from tl_geometry.plot.base import BOUNDS, N_AXIS, as_array, base_layout, select_query, separability_sums
 from tl_geometry.plot.colors import LOWER_COLOR, MEASURED_COLOR, METRIC_COLORS, UPPER_COLOR
 from tl_geometry.theory.observer import envelopes as envelope_table
 
@@ -49,12 +50,12 @@ def separability_by_n(
     Both are 1 at ``N = 1`` and ``N = K`` by construction; the paper finds the strongest
     non-trivial separability at small ``N`` (1–4) and the weakest at intermediate ``N`` (tens).
     """
-    sep = get_table(result, "separability", "run tlg.analyze(...)", "separability", ["n", *metrics])
+    sep = separability_sums(result, "run tlg.analyze(...)", "separability", ["n", *metrics])
     sep = select_query(sep, query_pos, "separability")
     bad = [m for m in metrics if m not in _METRICS]
     if bad:
         raise InputError(f"separability(): unknown metrics {bad}; choose from {list(_METRICS)}")
-    mean = sep.groupby("n")[list(metrics)].mean()
+    mean = means_of_sums(sep, ["n"]).set_index("n")
     fig = go.Figure()
     for m in metrics:
         fig.add_trace(
@@ -66,7 +67,8 @@ def separability_by_n(
                 line=dict(color=METRIC_COLORS[m]),
             )
         )
-    title = f"Separability of top-N selection (Fig. 5): mean per N over {len(sep)} rows (sequences, layers, heads)"
+    n_rows = int(sep["n_rows"].sum())
+    title = f"Separability of top-N selection (Fig. 5): mean per N over {n_rows} rows (sequences, layers, heads)"
     return base_layout(fig, title, N_AXIS, "mean over sequences, layers and heads (share, 0–1)", log_x=True)
 
 
@@ -103,15 +105,14 @@ def envelopes_by_n(
     (no guarantee at that ``N``). The envelopes scale with ``kappa``, a constant the paper leaves
     unnamed, so the figure is only meaningful with it stated.
     """
-    sep = get_table(
+    sep = separability_sums(
         result,
-        "separability",
         BOUNDS,
         "envelopes",
         ["n", "precision", "recall", "precision_lower", "precision_upper", "recall_lower", "recall_upper"],
     )
     stated = (getattr(result, "config", None) or {}).get("bounds") or {}
-    known = stated.get("kappa", sep.attrs.get("kappa"))
+    known = stated.get("kappa", getattr(result, "attrs", {}).get("kappa"))
     if known is not None and kappa is not None and float(known) != float(kappa):
         raise InputError(f"envelopes(): kappa={kappa} was given but the bounds were computed with kappa={known}")
     kappa = known if known is not None else kappa

@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from tl_geometry.errors import InputError
-from tl_geometry.plot.base import DIAGNOSTICS, N_AXIS, as_array, base_layout, get_table
+from tl_geometry.plot.base import DIAGNOSTICS, N_AXIS, as_array, base_layout, get_table, separability_sums
 from tl_geometry.plot.colors import PEARSON_COLOR, SPEARMAN_COLOR
 from tl_geometry.taxonomy import rho0_table, sink_effect
 
@@ -57,9 +57,7 @@ def sink_correlation(
     if isinstance(obj, pd.DataFrame) and _EFFECT_COLUMNS <= set(obj.columns):
         table = obj
     else:
-        sep = get_table(
-            obj, "separability", "run tlg.analyze(...)", "sink_correlation", ["layer", "head", "n", "recall"]
-        )
+        sep = separability_sums(obj, "run tlg.analyze(...)", "sink_correlation", ["layer", "head", "n", "recall"])
         if rho0 is None:  # the same order as AnalysisResult.sink_effect
             if isinstance(getattr(obj, "regime_features", None), pd.DataFrame):
                 rho0 = rho0_table(obj.regime_features)

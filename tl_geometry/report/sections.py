@@ -100,22 +100,23 @@ def _thin_ns(table: pd.DataFrame, limit: int = 24) -> pd.DataFrame:
 
 
 def separability_summary(result: Any) -> Summary:
-    sep = result.separability
-    if sep is None or len(sep) == 0:
+    sums = result.separability_sums()  # rows on disk are read in batches, never whole
+    if sums is None or len(sums) == 0:
         return Summary(False, note="not available: the result holds no separability rows (run tlg.analyze first)")
-    sep = attention_rows(sep)
-    by_n = _thin_ns(result.mean_by_n()[["n", *_METRICS]])
+    sep = attention_rows(sums)
+    mean_by_n = result.mean_by_n()
+    by_n = _thin_ns(mean_by_n[["n", *_METRICS]])
     lead = (
-        f"{len(sep):,} rows: {sep['seq'].nunique()} windows × {sep['layer'].nunique()} layers × "
+        f"{int(sep['n_rows'].sum()):,} rows: {sums.attrs['n_seqs']} windows × {sep['layer'].nunique()} layers × "
         f"{sep['head'].nunique()} heads × {sep['query_pos'].nunique()} query positions × "
         f"{sep['n'].nunique()} selection sizes N. Means over every window, layer, head and query position."
     )
-    shown = "" if len(by_n) == result.mean_by_n().shape[0] else " (N ≤ 4, powers of two and the largest N)"
+    shown = "" if len(by_n) == mean_by_n.shape[0] else " (N ≤ 4, powers of two and the largest N)"
     return Summary(True, lead=lead, tables=[(f"Mean precision, recall and F by N{shown}", by_n)])
 
 
 def envelope_summary(result: Any) -> Summary:
-    if "precision_lower" not in result.separability:
+    if "precision_lower" not in result.separability_columns():
         return Summary(False, note="not available: run with bounds (tlg.analyze(..., bounds=True))")
     bounds_cfg = (result.config or {}).get("bounds") or {}
     kappa = bounds_cfg.get("kappa")

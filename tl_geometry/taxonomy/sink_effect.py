@@ -18,6 +18,7 @@ import pandas as pd
 
 from tl_geometry.capture.tables import attention_rows, select_query_pos
 from tl_geometry.errors import InputError
+from tl_geometry.io.row_sums import group_sums, is_sums_table, means_of_sums
 
 SINK_EFFECT_COLUMNS = ["n", "pearson", "spearman", "n_heads"]
 
@@ -75,7 +76,8 @@ def sink_effect(separability: pd.DataFrame, rho0: pd.DataFrame, *, query_pos: in
     Parameters
     ----------
     separability : DataFrame
-        ``AnalysisResult.separability`` (columns ``seq, layer, head, query_pos, n, recall``...).
+        ``AnalysisResult.separability`` (columns ``seq, layer, head, query_pos, n, recall``...), or
+        its sums table (``AnalysisResult.separability_sums()``, read from disk in batches).
         ``recall(N)`` is averaged over its sequences per (layer, head, N).
     rho0 : DataFrame
         ``rho_0`` per ``(layer, head)`` (e.g. :func:`rho0_table` of a features table), or per
@@ -97,7 +99,8 @@ def sink_effect(separability: pd.DataFrame, rho0: pd.DataFrame, *, query_pos: in
     sep = select_query_pos(attention_rows(separability), query_pos, "separability table")
     rho = select_query_pos(rho0, query_pos, "rho0 table")
     group = ["layer", "head"] + (["kv_head"] if "kv_head" in sep.columns else [])
-    recall = sep.groupby(group + ["n"], sort=True)["recall"].mean().reset_index()
+    sums = sep if is_sums_table(sep) else group_sums(sep[[*group, "n", "recall"]], [*group, "n"])
+    recall = means_of_sums(sums, [*group, "n"])[[*group, "n", "recall"]]
     if "head" in rho.columns:
         on = ["layer", "head"]
     elif "kv_head" in rho.columns and "kv_head" in recall.columns:

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from tl_geometry.capture.tables import attention_rows, check_heads, select_query_pos
+from tl_geometry.io.row_sums import group_sums, is_sums_table, means_of_sums
 from tl_geometry.taxonomy.classify import ALL_LABELS, classify_heads
 
 SHARE_COLUMNS = ["layer", "regime", "n_heads", "share"]
@@ -56,16 +57,17 @@ def regime_pr_curves(separability: pd.DataFrame, heads: pd.DataFrame, *, query_p
 
     Parameters
     ----------
-    separability : ``AnalysisResult.separability``.
+    separability : ``AnalysisResult.separability``, or its sums table (``AnalysisResult.separability_sums()``).
     heads : :func:`classify_heads` output (one query position).
     query_pos : int, optional; needed when ``separability`` holds several query positions.
     """
     check_heads(heads, "regime_pr_curves")
     sep = select_query_pos(attention_rows(separability), query_pos, "separability table")
     metrics = ["precision", "recall", "f_at_rmax", "f_at_rmin"]
-    per_head = sep.groupby(["layer", "head", "n"])[metrics].agg("mean")
-    per_head["n_rows"] = sep.groupby(["layer", "head", "n"]).size()
-    per_head = per_head.reset_index().merge(heads[["layer", "head", "regime"]], on=["layer", "head"], how="inner")
+    keys = ["layer", "head", "n"]
+    sums = sep if is_sums_table(sep) else group_sums(sep[[*keys, *metrics]], keys)
+    per_head = means_of_sums(sums, keys)[[*keys, *metrics, "n_rows"]]
+    per_head = per_head.merge(heads[["layer", "head", "regime"]], on=["layer", "head"], how="inner")
     g = per_head.groupby(["regime", "n"], observed=True)
     out = g[metrics].mean()
     out["precision_std"] = g["precision"].std(ddof=0)

@@ -21,6 +21,7 @@ from tl_geometry.capture.observers import RowMetricsObserver
 from tl_geometry.capture.tables import KEY_COLUMNS, REFERENCE_RANKING, attention_rows
 from tl_geometry.core.sizes import NsLike
 from tl_geometry.errors import InputError
+from tl_geometry.io.row_sums import ROWS_COLUMN, group_sums, is_sums_table, means_of_sums
 from tl_geometry.models import ModelInfo
 from tl_geometry.theory.bounds import BOUND_FIELDS, F_BOUND_FIELDS, RhoLike, bounds, resolve_rho
 
@@ -111,6 +112,23 @@ def join_bounds(separability: pd.DataFrame, bounds_table: pd.DataFrame) -> pd.Da
     return out
 
 
+#: The columns :func:`envelopes` reads.
+ENVELOPE_INPUTS = ["precision", "recall", "precision_lower", "precision_upper", "recall_lower", "recall_upper"]
+
+
+def envelope_indicators(rows: pd.DataFrame, tolerance: float = 1e-12) -> pd.DataFrame:
+    """``rows`` with, for ``m`` in ``precision, recall``, the per-row indicators (1.0 or 0.0)
+    ``m_below`` (``m < m_lower - tolerance``), ``m_above`` (``m > m_upper + tolerance``) and
+    ``m_inside`` (neither): what :func:`envelopes` averages."""
+    out = rows.copy()
+    for m in ("precision", "recall"):
+        value, low, up = rows[m], rows[f"{m}_lower"], rows[f"{m}_upper"]
+        out[f"{m}_below"] = (value < low - tolerance).astype(float)
+        out[f"{m}_above"] = (value > up + tolerance).astype(float)
+        out[f"{m}_inside"] = 1.0 - out[f"{m}_below"] - out[f"{m}_above"]
+    return out
+
+
 def envelopes(
     separability_with_bounds: pd.DataFrame, by: Sequence[str] = ("n",), tolerance: float = 1e-12
 ) -> pd.DataFrame:
@@ -121,7 +139,10 @@ def envelopes(
     Parameters
     ----------
     separability_with_bounds : DataFrame
-        A separability table with the bound columns (see :func:`join_bounds`).
+        A separability table with the bound columns (see :func:`join_bounds`), or its sums table
+        (:func:`tl_geometry.io.row_sums.group_sums` with ``prepare=envelope_indicators``, as
+        :meth:`~tl_geometry.pipeline.result.AnalysisResult.separability_sums` holds it; then
+        ``by`` must be among its groups and ``tolerance`` is the one of the indicators).
     by : columns to group by, default ``("n",)``.
     tolerance : float, default 1e-12
         Slack of the comparisons ``lower <= value <= upper`` (rounding only).
@@ -136,22 +157,19 @@ def envelopes(
         envelopes, the form in which the theorems bound ``E m``). ``attrs["kappa"]`` is kept.
     """
     df = attention_rows(separability_with_bounds)
-    need = ["precision", "recall", "precision_lower", "precision_upper", "recall_lower", "recall_upper", *by]
+    need = [*ENVELOPE_INPUTS, *by]
     missing = [c for c in need if c not in df]
     if missing:
         raise InputError(f"envelopes() needs the columns {need}; missing {missing} (use join_bounds first)")
-    work = df[list(by)].copy()
-    for m in ("precision", "recall"):
-        value, low, up = df[m], df[f"{m}_lower"], df[f"{m}_upper"]
-        work[m] = value
-        work[f"{m}_lower"] = low
-        work[f"{m}_upper"] = up
-        work[f"{m}_below"] = (value < low - tolerance).astype(float)
-        work[f"{m}_above"] = (value > up + tolerance).astype(float)
-        work[f"{m}_inside"] = 1.0 - work[f"{m}_below"] - work[f"{m}_above"]
-    grouped = work.groupby(list(by), sort=True)
-    out = grouped.mean()
-    out.insert(0, "rows", grouped.size())
+    if is_sums_table(df):
+        if "precision_inside" not in df:
+            raise InputError(
+                "envelopes() of a sums table needs its indicators: group_sums(..., prepare=envelope_indicators)"
+            )
+        sums = df
+    else:
+        sums = group_sums(envelope_indicators(df[need], tolerance), list(by))
+    out = means_of_sums(sums, list(by)).set_index(list(by)).rename(columns={ROWS_COLUMN: "rows"})
     for m in ("precision", "recall"):
         out[f"{m}_mean_inside"] = (out[m] >= out[f"{m}_lower"] - tolerance) & (out[m] <= out[f"{m}_upper"] + tolerance)
     order = ["rows"] + [
@@ -160,8 +178,17 @@ def envelopes(
         for s in ("", "_lower", "_upper", "_inside", "_below", "_above", "_mean_inside")
     ]
     out = out[order].reset_index()
-    out.attrs = dict(df.attrs)
+    out.attrs = {k: v for k, v in df.attrs.items() if k != "n_seqs"}
     return out
 
 
-__all__ = ["BOUNDS_COLUMNS", "BoundsObserver", "envelopes", "join_bounds", "BOUND_FIELDS", "F_BOUND_FIELDS"]
+__all__ = [
+    "BOUNDS_COLUMNS",
+    "BoundsObserver",
+    "ENVELOPE_INPUTS",
+    "envelope_indicators",
+    "envelopes",
+    "join_bounds",
+    "BOUND_FIELDS",
+    "F_BOUND_FIELDS",
+]
