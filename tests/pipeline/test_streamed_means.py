@@ -85,9 +85,8 @@ def test_sink_effect_and_regime_curves_from_disk_equal_the_rows(runs) -> None:
     for n, part in recall.groupby("n"):
         if part.recall.nunique() > 1:
             assert table.loc[n, "pearson"] == pytest.approx(scipy.stats.pearsonr(part.recall, part.rho_0)[0], rel=1e-9)
-            assert table.loc[n, "spearman"] == pytest.approx(
-                scipy.stats.spearmanr(part.recall, part.rho_0)[0], rel=1e-9
-            )
+            tied = part.recall.round(12)  # means equal up to rounding are ties
+            assert table.loc[n, "spearman"] == pytest.approx(scipy.stats.spearmanr(tied, part.rho_0)[0], rel=1e-9)
 
     heads = disk.classify_heads(query_pos=15, mode="nearest")
     curves = tlg.taxonomy.regime_pr_curves(disk.separability_sums(), heads, query_pos=15)

@@ -61,6 +61,10 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     return pearson(average_ranks(x), average_ranks(y))
 
 
+#: Mean recalls (in [0, 1]) that agree to this many decimals are ties for Spearman's ranks.
+TIE_DECIMALS = 12
+
+
 def rho0_table(features: pd.DataFrame) -> pd.DataFrame:
     """One row per (layer, head[, query_pos]) with ``kv_head`` and ``rho_0`` from a features table."""
     cols = [c for c in ("layer", "head", "kv_head", "query_pos", "rho_0") if c in features.columns]
@@ -89,7 +93,8 @@ def sink_effect(separability: pd.DataFrame, rho0: pd.DataFrame, *, query_pos: in
 
     Returns
     -------
-    DataFrame with columns ``n, pearson, spearman, n_heads``, one row per ``N``.
+    DataFrame with columns ``n, pearson, spearman, n_heads``, one row per ``N``. Spearman's ranks
+    treat mean recalls equal to :data:`TIE_DECIMALS` decimals as ties (equal up to rounding).
     """
     need = {"layer", "head", "n", "recall"}
     if need - set(separability.columns):
@@ -115,6 +120,8 @@ def sink_effect(separability: pd.DataFrame, rho0: pd.DataFrame, *, query_pos: in
     for n, part in merged.groupby("n", sort=True):
         ok = np.isfinite(part["recall"].to_numpy()) & np.isfinite(part["rho_0"].to_numpy())
         x, y = part["recall"].to_numpy()[ok], part["rho_0"].to_numpy()[ok]
-        rows.append({"n": int(n), "pearson": pearson(x, y), "spearman": spearman(x, y), "n_heads": int(ok.sum())})
+        # mean recalls equal up to rounding (summed in another order) are ties for the ranks
+        tied = np.round(x, TIE_DECIMALS)
+        rows.append({"n": int(n), "pearson": pearson(x, y), "spearman": spearman(tied, y), "n_heads": int(ok.sum())})
     out = pd.DataFrame(rows, columns=SINK_EFFECT_COLUMNS)
     return out.astype({"n": "int64", "n_heads": "int64"})
