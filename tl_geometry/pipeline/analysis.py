@@ -57,7 +57,8 @@ def analyze(
     out_dir : str or Path, optional
         If given, results are appended to ``out_dir/separability/`` after every batch, and an
         interrupted run with the same arguments resumes from what was written (``resume=True``);
-        the rows stay on disk, merged one range of windows at a time, until first read. Without
+        the rows stay on disk, merged one range of windows at a time, until first read (the
+        result's means, figures and report read them in batches, never whole). Without
         it the rows are kept in memory, about 160 bytes a row (250 with ``bounds``) for
         ``n_seqs x layers x heads x query positions x |ns| x rankings`` rows: 3.5 MB for 8 windows
         of SmolLM2 with the defaults, 512 times that with every query position of 512 tokens.

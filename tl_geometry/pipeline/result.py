@@ -52,8 +52,11 @@ class AnalysisResult:
         (definitions §2 and §7). Nothing is averaged over rows; a ``rank_by="random"`` row holds
         the mean over its ``n_draws`` random draws. Aggregate it yourself, e.g.
         ``result.separability.groupby(["rank_by", "n"])[["precision", "recall"]].mean()``, or
-        with :meth:`mean_by_ranking`. A run with ``out_dir`` keeps these rows on disk until this
-        property is first read.
+        with :meth:`mean_by_ranking`. A run with ``out_dir`` (or a :func:`load_result`) keeps these
+        rows on disk until this property is first read; its means (:meth:`mean_by_n`,
+        :meth:`mean_by_ranking`, :meth:`envelopes`, :meth:`sink_effect`, the figures, the report)
+        come from :meth:`separability_sums`, which reads the file in batches: memory does not grow
+        with the windows. A run without ``out_dir`` holds its rows in memory.
     rows : DataFrame or RowsOnDisk
         The separability rows as they were handed over: in memory, or on disk and not read yet.
     model : ModelInfo
