@@ -196,6 +196,27 @@ def locked_out(out: Path, args: argparse.Namespace, world: World | None = None) 
         lock.release()
 
 
+def run_locked(
+    args: argparse.Namespace, out: Path, check: Callable[[], Any], body: Callable[[World | None], int]
+) -> int:
+    """Run a command that torchrun may shard on ``out``: hold its lock (:func:`locked_out`; rank 0
+    for the group), run ``check()`` (``--resume`` / ``--force``, :func:`check_out`) on every rank,
+    then ``body(world)``; ``world`` is None in a single process."""
+    from tl_geometry.pipeline.torchrun import World
+
+    world = World.sharding_from_env()
+    if world is None:
+        with locked_out(out, args):
+            check()
+            return body(None)
+    import torch
+
+    with world.session(torch.device("cpu")), locked_out(out, args, world):
+        check()  # every rank, before any of them claims the directory
+        world.barrier()
+        return body(world)
+
+
 def check_out(
     args: argparse.Namespace,
     *,
@@ -434,4 +455,5 @@ __all__ = [
     "remove_written",
     "resumable",
     "resume_command",
+    "run_locked",
 ]

@@ -22,11 +22,11 @@ from tl_geometry.cli.common import (
     add_out_options,
     check_out,
     claim_out,
-    locked_out,
     out_path,
     parse_ints,
     parse_names,
     resumable,
+    run_locked,
 )
 from tl_geometry.errors import TLGeometryError
 
@@ -98,21 +98,9 @@ def _corpus(args: argparse.Namespace) -> Any:
 
 def context_command(args: argparse.Namespace) -> int:
     """Under torchrun the documents are sharded across ranks; rank 0 alone writes the table and the page."""
-    from tl_geometry.pipeline.torchrun import World
-
     options = _options(args)
     out = out_path(args, "context scaling", "runs/context")
-    world = World.sharding_from_env()
-    if world is None:
-        with locked_out(out, args):
-            _check_out(args)
-            return _context(args, options, out, None)
-    import torch
-
-    with world.session(torch.device("cpu")), locked_out(out, args, world):
-        _check_out(args)  # every rank, before any of them claims the directory
-        world.barrier()
-        return _context(args, options, out, world)
+    return run_locked(args, out, lambda: _check_out(args), lambda world: _context(args, options, out, world))
 
 
 def _check_out(args: argparse.Namespace) -> Path:

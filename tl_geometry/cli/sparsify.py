@@ -31,11 +31,11 @@ from tl_geometry.cli.common import (
     check_window_options,
     claim_out,
     corpus_from_args,
-    locked_out,
     out_path,
     parse_ints,
     parse_names,
     resumable,
+    run_locked,
 )
 from tl_geometry.errors import TLGeometryError
 
@@ -133,21 +133,9 @@ def sparsify_command(args: argparse.Namespace) -> int:
     """Under torchrun the curve's windows are sharded as in ``tl-geometry run`` (gloo): every rank
     measures its windows of every point, the per-window NLL sums are merged on every rank, and rank 0
     alone writes the files and runs the localised loss and the geometry pass."""
-    from tl_geometry.pipeline.torchrun import World
-
     options = _options(args)
     out = out_path(args, "curve", "runs/sparsify")
-    world = World.sharding_from_env()
-    if world is None:
-        with locked_out(out, args):
-            _check_out(args)
-            return _sparsify(args, options, out, None)
-    import torch
-
-    with world.session(torch.device("cpu")), locked_out(out, args, world):
-        _check_out(args)  # every rank, before any of them claims the directory
-        world.barrier()
-        return _sparsify(args, options, out, world)
+    return run_locked(args, out, lambda: _check_out(args), lambda world: _sparsify(args, options, out, world))
 
 
 def _sparsify(args: argparse.Namespace, options: dict, out: Path, world: Any) -> int:

@@ -18,8 +18,9 @@ No model, no files: tensors in, tensors out. Everything above this layer builds 
 (``tl_geometry.core.separability.separability``).
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tl_geometry.lazy import lazy_names
 
 if TYPE_CHECKING:
     from tl_geometry.core.query_engine import separability_queries
@@ -44,12 +45,7 @@ HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in HOMES:
-        value = getattr(import_module(HOMES[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(globals(), HOMES)
 
 
 __all__ = [

@@ -11,8 +11,9 @@ The names load their modules on first use: the command line's lock and atomic wr
 neither pandas nor torch.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tl_geometry.lazy import lazy_names
 
 if TYPE_CHECKING:
     from tl_geometry.io.files import write_atomic, write_json_atomic
@@ -29,12 +30,7 @@ HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in HOMES:
-        value = getattr(import_module(HOMES[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(globals(), HOMES)
 
 
 __all__ = ["RowsOnDisk", "RunStore", "StoreError", "write_atomic", "write_json_atomic"]

@@ -7,8 +7,9 @@ The names load their modules on first use: ``tl-geometry --help`` reads
 :mod:`~tl_geometry.pipeline.settings` without importing torch.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tl_geometry.lazy import lazy_names
 
 if TYPE_CHECKING:
     from tl_geometry.pipeline.analysis import analyze
@@ -35,12 +36,7 @@ HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in HOMES:
-        value = getattr(import_module(HOMES[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(globals(), HOMES)
 
 
 __all__ = [
