@@ -85,7 +85,7 @@ test-main: setup setup-browser
 	$(PY) -m pytest -q
 
 test-tl3: setup-tl3
-	$(PY_TL3) -m pytest -q tests/pipeline/test_analyze.py tests/test_errors.py tests/intervention/test_intervention_kinds.py
+	$(PY_TL3) -m pytest -q tests/pipeline/test_analyze.py tests/pipeline/test_analyze_cache.py tests/test_errors.py tests/intervention/test_intervention_kinds.py
 
 bench: setup
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_separability.py
