@@ -352,6 +352,22 @@ def remove_written(out: Path, folder: str) -> None:
         pass
 
 
+def load_model_and_claim(args: argparse.Namespace, out: Path, world: World | None = None) -> Any:
+    """Load ``--model`` (saying so on stderr), then :func:`claim_out` ``out`` (rank 0 under
+    torchrun) before any rank goes on; the model."""
+    import sys
+
+    import tl_geometry as tlg
+
+    print(f"loading {args.model} ...", file=sys.stderr)
+    model = tlg.load_model(args.model)
+    if world is None or world.is_main:
+        claim_out(out, args)
+    if world is not None:
+        world.barrier()
+    return model
+
+
 def claim_out(out: Path, args: argparse.Namespace) -> None:
     """Create ``out`` (emptied with ``--force``: only what tl-geometry wrote, checked again now) and mark it.
 
@@ -447,6 +463,7 @@ __all__ = [
     "has_saved_run",
     "holds_results",
     "is_run_dir",
+    "load_model_and_claim",
     "locked_out",
     "marked_command",
     "out_path",

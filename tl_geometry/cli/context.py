@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 from tl_geometry.cli.common import (
     add_out_options,
     check_out,
-    claim_out,
+    load_model_and_claim,
     out_path,
     parse_ints,
     parse_names,
@@ -119,12 +118,7 @@ def _context(args: argparse.Namespace, options: dict, out: Path, world: Any) -> 
     from tl_geometry.report.competition import write_context_report
 
     main_process = world is None or world.is_main
-    print(f"loading {args.model} ...", file=sys.stderr)
-    model = tlg.load_model(args.model)
-    if main_process:
-        claim_out(out, args)
-    if world is not None:
-        world.barrier()
+    model = load_model_and_claim(args, out, world)
     with resumable(args, out, f"the points measured are saved in {out}"):
         table = tlg.context_scaling(
             model,

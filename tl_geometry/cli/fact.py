@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from tl_geometry.cli.common import add_out_options, check_out, claim_out, locked_out, out_path, parse_ints
+from tl_geometry.cli.common import add_out_options, check_out, load_model_and_claim, locked_out, out_path, parse_ints
 from tl_geometry.errors import TLGeometryError
 
 TABLES = ("heads", "loss", "facts")
@@ -98,9 +97,7 @@ def _fact(args: argparse.Namespace, options: dict) -> int:
         tables = {t: pd.read_parquet(out / f"{t}.parquet") for t in TABLES}
         result = SupportingFact(tables["heads"], tables["loss"], tables["facts"], {"model": args.model})
     else:
-        print(f"loading {args.model} ...", file=sys.stderr)
-        model = tlg.load_model(args.model)
-        claim_out(out, args)
+        model = load_model_and_claim(args, out)
         result = tlg.supporting_fact(
             model,
             options["facts"],

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +28,8 @@ from tl_geometry.cli.common import (
     add_source_options,
     check_out,
     check_window_options,
-    claim_out,
     corpus_from_args,
+    load_model_and_claim,
     out_path,
     parse_ints,
     parse_names,
@@ -144,12 +143,7 @@ def _sparsify(args: argparse.Namespace, options: dict, out: Path, world: Any) ->
     from tl_geometry.report.sparsification import write_sparsify_report
 
     main_process = world is None or world.is_main
-    print(f"loading {args.model} ...", file=sys.stderr)
-    model = tlg.load_model(args.model)
-    if main_process:
-        claim_out(out, args)
-    if world is not None:
-        world.barrier()
+    model = load_model_and_claim(args, out, world)
     progress = not args.no_progress and main_process
     with resumable(args, out, f"the points measured are saved in {out}/{CURVE_FILE}"):
         curve = tlg.sparsification_curve(
