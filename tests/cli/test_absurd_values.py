@@ -42,6 +42,7 @@ BEFORE_LOAD = {
         ["--batch-size", "0"],
         ["--batch-size", "-1"],
         ["--analysis-dtype", "int4"],
+        ["--kernel", "fast"],
         ["--k-max", "0"],
         ["--k-max", "-1"],
         ["--kappa", "nan"],

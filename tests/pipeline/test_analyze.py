@@ -8,6 +8,7 @@ import torch
 from conftest import build, model_kinds
 
 import tl_geometry as tlg
+import tl_geometry.capture.observers
 import tl_geometry.models
 from tl_geometry.capture.hooks import values_per_head
 from tl_geometry.models import hook_pattern_name, hook_v_name
@@ -272,3 +273,24 @@ def test_under_torchrun_only_rank_0_draws_the_bar(llama_bridge, monkeypatch, tmp
     merged = run_sharded(plan, tmp_path, InOneProcess(0, 2, 0))
     assert [bar.disable for bar in RecordingBar.made] == [True, False]
     assert sorted(merged.separability.seq.unique()) == [0, 1, 2]
+
+
+def test_the_kernel_setting_changes_nothing_but_the_path(llama_bridge, monkeypatch) -> None:
+    """kernel="torch" and "numba" give the same table, and each reaches the query engine as given."""
+    from tl_geometry.core import query_engine
+
+    seen = []
+    engine = query_engine.separability_queries
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["kernel"])
+        return engine(*args, **kwargs)
+
+    monkeypatch.setattr(tl_geometry.capture.observers, "separability_queries", spy)
+    corpus = tlg.corpus.from_texts(TEXT, n_seqs=2, seq_len=20)
+    kw = dict(query_positions="all", rank_by=("attention", "random"), n_random=3, progress=False)
+    tables = {k: tlg.analyze(llama_bridge, corpus, kernel=k, **kw).separability for k in ("torch", "numba")}
+    assert set(seen) == {"torch", "numba"}
+    pd.testing.assert_frame_equal(tables["torch"], tables["numba"], check_exact=True)
+    with pytest.raises(tlg.InputError, match="kernel='fast' is not supported"):
+        tlg.analyze(llama_bridge, corpus, kernel="fast", **kw)

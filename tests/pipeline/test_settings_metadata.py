@@ -8,6 +8,7 @@ overridden fields, and refuse an unknown one before a model is loaded.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import re
 from dataclasses import fields
@@ -35,6 +36,7 @@ MAKE_RUN_SETTINGS = {
     "layers": None,
     "batch_size": 4,
     "dtype": "torch.float64",
+    "kernel": "auto",
     "diagnostics": True,
     "k_max": 64,
     "taxonomy": True,
@@ -165,7 +167,7 @@ def test_the_preset_differs_from_analyze_only_where_it_says() -> None:
 def test_each_option_sets_its_setting_and_only_it() -> None:
     argv = ["run", "--ns", "4,1,2", "--no-bounds", "--analysis-dtype", "float32", "--query-stride", "4"]
     argv += ["--rank-by", "contribution,attention", "--kappa", "2", "--k-max", "8", "--no-diagnostics"]
-    argv += ["--batch-size", "2", "--distance", "cosine", "--n-random", "3", "--seed", "7"]
+    argv += ["--batch-size", "2", "--distance", "cosine", "--n-random", "3", "--seed", "7", "--kernel", "torch"]
     got = settings_from_args(build_parser().parse_args(argv))
     want = CLI_PRESET.replace(
         ns=[1, 2, 4],
@@ -180,6 +182,7 @@ def test_each_option_sets_its_setting_and_only_it() -> None:
         distance="cosine",
         n_random=3,
         seed=7,
+        kernel="torch",
     )
     assert got == want
     assert settings_from_args(build_parser().parse_args(["run", "--query", "3,1"])).query_positions == (1, 3)
@@ -194,10 +197,15 @@ def test_each_option_sets_its_setting_and_only_it() -> None:
         (["--ns", "1,x"], "--ns must be 'log', 'all' or a comma-separated list of integers"),
         (["--k-max", "0"], "--k-max: k_max must be a positive integer"),
         (["--kappa", "nan"], "--kappa: kappa must be a positive finite number"),
+        (["--kernel", "numba"], "kernel='numba' needs numba, which is not installed"),
     ],
 )
 def test_bad_options_name_the_option_before_loading(option, message, tmp_path, capsys, monkeypatch) -> None:
     no_loading(monkeypatch)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "numba" else real_find_spec(name, *a)
+    )
     code = main(["run", "--out", str(tmp_path / "run"), "--no-progress", *option])
     err = capsys.readouterr().err
     assert code == 2 and message in err, err

@@ -182,6 +182,10 @@ class SeparabilityObserver(RowMetricsObserver):
         Draws per row of the random control.
     seed : int, default 0
         Seed of the random control.
+    kernel : "auto", "numba" or "torch", default "auto"
+        How the screen of many query positions runs on the CPU
+        (:func:`~tl_geometry.core.query_engine.separability_queries`): the compiled numba pass
+        where numba imports (``"auto"``), or one of the two by name. The rows are the same.
 
     Examples
     --------
@@ -209,9 +213,11 @@ class SeparabilityObserver(RowMetricsObserver):
         distance: str = "euclidean",
         n_random: int = DEFAULT_N_RANDOM,
         seed: int = 0,
+        kernel: str = "auto",
     ) -> None:
         super().__init__(info, ns)
         self.dtype = dtype
+        self.kernel = kernel
         self.rank_by = check_rankings(rank_by)
         self.distance = check_distance(distance)
         self.n_random = check_n_random(n_random)
@@ -282,6 +288,7 @@ class SeparabilityObserver(RowMetricsObserver):
                 seed=self.seed,
                 row_keys=keys.to(batch.weights.device),
                 dtype=self.dtype,
+                kernel=None if self.kernel == "auto" else self.kernel,
             )
             metrics = {name: getattr(res, name) for name in [*SEPARABILITY_METRICS, *LOCAL_ERROR_METRICS]}
             table = query_rows_table(

@@ -85,7 +85,10 @@ class Wiring:
     @classmethod
     def build(cls, plan: AnalysisPlan) -> "Wiring":
         s, info = plan.settings, plan.info
-        rows: list[RowObserver] = [SeparabilityObserver(info, s.ns, s.dtype, s.rank_by, s.distance, s.n_random, s.seed)]
+        separability = SeparabilityObserver(
+            info, s.ns, s.dtype, s.rank_by, s.distance, s.n_random, s.seed, kernel=s.kernel
+        )
+        rows: list[RowObserver] = [separability]
         if s.bounds:
             rows.append(BoundsObserver(info, s.ns, s.kappa, s.dtype, s.rho))
         diag = DiagnosticsObserver(info, k_max=s.k_max) if s.diagnostics else None

@@ -17,6 +17,7 @@ tl_geometry.errors.InputError: kappa must be a positive finite number, got nan
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import numbers
 import sys
@@ -35,6 +36,9 @@ if TYPE_CHECKING:  # torch and the bounds load with the first settings built, no
 DTYPES = ("torch.float64", "torch.float32")
 #: The words ``query_positions`` accepts besides positions.
 QUERY_WORDS = ("last", "all")
+#: How the separability screen may run: the compiled numba pass where numba imports ("auto"), or one
+#: of the two by name.
+KERNELS = ("auto", "numba", "torch")
 
 
 def as_int(value: Any, what: str) -> int:
@@ -151,6 +155,17 @@ def check_dtype(value: Any) -> torch.dtype:
             "computation; the model itself may run in any dtype)"
         )
     return getattr(torch, name.removeprefix("torch."))
+
+
+def check_kernel(value: Any) -> str:
+    if value not in KERNELS:
+        raise InputError(
+            f"kernel={value!r} is not supported: use 'auto' (default: numba where it is installed), "
+            "'numba' (the compiled pass) or 'torch' (the pure-torch reference)"
+        )
+    if value == "numba" and importlib.util.find_spec("numba") is None:
+        raise InputError("kernel='numba' needs numba, which is not installed: pip install numba, or use kernel='torch'")
+    return str(value)
 
 
 def check_k_max(value: Any) -> int | None:

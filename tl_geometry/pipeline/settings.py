@@ -41,10 +41,12 @@ from tl_geometry.core.ranking_checks import (
 from tl_geometry.core.size_names import DEFAULT_NS
 from tl_geometry.errors import InputError
 from tl_geometry.pipeline.setting_checks import (
+    KERNELS,
     QUERY_WORDS,
     check_dtype,
     check_k_max,
     check_kappa,
+    check_kernel,
     check_layers,
     check_ns,
     check_query_positions,
@@ -226,6 +228,19 @@ class AnalysisSettings:
             doc="Precision of the separability computation. The model itself may run in any dtype; "
             "float32 screens separability in float32 and re-decides near ties in float64 (identical counts).",
             cli=CliForm(flag="--analysis-dtype", choices=("float64", "float32")),
+        ),
+    )
+    kernel: str = field(
+        default="auto",
+        metadata=setting(
+            check_kernel,
+            identity=False,
+            type=" or ".join(f'"{k}"' for k in KERNELS),
+            doc='How the separability screen runs on the CPU. ``"auto"`` takes the compiled numba pass where '
+            'numba is installed, else torch; ``"numba"`` insists on it; ``"torch"`` is the pure-torch reference '
+            "path. Results are identical (the same counts, bit-identical radii); on a GPU the screen is always "
+            "torch's.",
+            cli=CliForm(choices=KERNELS),
         ),
     )
     diagnostics: bool = field(
