@@ -56,12 +56,14 @@ def assert_equals_reference(res, weights, values, distance: str) -> None:
                 assert float(res.r_min[r, gi]) == pytest.approx(ref["r_min"], abs=1e-9, rel=1e-9), (r, n)
 
 
-def decide(weights, values, distance: str, screen: torch.dtype, block_bytes: int = 1 << 20) -> screening.Decided:
+def decide(
+    weights, values, distance: str, screen: torch.dtype, block_bytes: int = 1 << 20, kernel: str = "torch"
+) -> screening.Decided:
     """The screen module on unscaled rows (attention order, every N) with a chosen screen dtype."""
     order = selection_order(ranking_scores(weights, values, "attention"))[:, None, :]
     eps = torch.full((weights.shape[0],), COSINE_EPS, dtype=torch.float64)
     ns = torch.arange(1, weights.shape[-1] + 1)
-    return screening.decide(weights[..., None] * values, order, ns, distance, eps, block_bytes, screen=screen)
+    return screening.decide(weights[..., None] * values, order, ns, distance, eps, block_bytes, screen, kernel)
 
 
 @pytest.mark.parametrize("distance", DISTANCES)

@@ -18,6 +18,7 @@ import einops
 import torch
 from torch import Tensor
 
+from tl_geometry.core import fused_rows
 from tl_geometry.core.numerics import cosine_distance
 
 #: Unit roundoff of the float64 direct distances.
@@ -88,6 +89,7 @@ def decide(
     eps: Tensor,
     block_bytes: int,
     screen: torch.dtype | None = None,
+    kernel: str = "torch",
 ) -> Decided:
     """``K_out``, ``K_in``, ``r_max``, ``r_min`` and ``s(N)`` of every row, draw and size.
 
@@ -107,6 +109,10 @@ def decide(
     screen : torch.dtype, optional
         The screen's dtype: :data:`SCREEN_DTYPE` by default (float64 where the cosine constant is
         too small for float32); another dtype only to check the decisions.
+    kernel : "numba" or "torch", default "torch"
+        ``"numba"``: the decisions of every cell in two compiled passes over the screen
+        (:mod:`tl_geometry.core.fused_rows`; CPU, float32 or float64 screens, else torch);
+        ``"torch"``: tensor passes. The counts and radii are the same.
     """
     n_rows, n_draws, n_keys = order.shape
     eps = eps.repeat_interleave(n_draws)
@@ -122,9 +128,10 @@ def decide(
     n_direct = 0
     ranks = torch.argsort(ns, stable=True)  # sizes by value, so that a block's in-keys are a short prefix
     in_order = bool((ranks == torch.arange(ns.shape[0], device=ns.device)).all())
+    fused = kernel == "numba" and y.device.type == "cpu" and screen in (torch.float32, torch.float64)
     for g0 in range(0, ns.shape[0], size_block):
         sizes: slice | Tensor = slice(g0, g0 + size_block) if in_order else ranks[g0 : g0 + size_block]
-        part = _decide_sizes(keys, keys.centers[:, sizes], ns[sizes], eps)
+        part = _decide_sizes(keys, keys.centers[:, sizes], ns[sizes], eps, fused)
         for name in _RESULTS:
             out[name][:, sizes] = getattr(part, name)
         n_direct += part.n_direct
@@ -201,17 +208,23 @@ class _Keys:
         return self.y[row[:, None], self.order[row, batch % n_draws]]
 
 
-def _decide_sizes(keys: _Keys, s: Tensor, ns: Tensor, eps: Tensor) -> Decided:
+def _decide_sizes(keys: _Keys, s: Tensor, ns: Tensor, eps: Tensor, fused: bool) -> Decided:
     """The decisions for one block of sizes (``ns`` [g] increasing): ``s`` [B, g, d] float64."""
     n_batch, n_sizes, _ = s.shape
     sigma = torch.linalg.vector_norm(s, dim=-1)  # [B, g] float64
-    upper, lower = _bounds(keys, s, sigma, eps)  # P and M [B, g, K] (one tensor for the cosine)
-    parts = [_decide_group(keys, s, sigma, eps, upper, lower, ns, a, b) for a, b in _groups(ns, upper.shape[-1])]
-    k_out, k_in, r_max, r_min, unsure = (torch.cat(x, dim=-1) for x in zip(*parts))
+    upper = _upper(keys, s, sigma, eps)  # P [B, g, K]
+    if fused:
+        k_out, k_in, r_max, r_min, unsure = _decide_fused(keys, s, sigma, eps, upper, ns)
+    else:
+        lower = _lower(keys, upper, sigma)  # M [B, g, K] (the same tensor for the cosine)
+        parts = [_decide_group(keys, s, sigma, eps, upper, lower, ns, a, b) for a, b in _groups(ns, upper.shape[-1])]
+        k_out, k_in, r_max, r_min, unsure = (torch.cat(x, dim=-1) for x in zip(*parts))
     n_direct = int(unsure.sum())
     if n_direct:
         batch, size = unsure.nonzero(as_tuple=True)
-        cells = _Cells(batch, size, upper[batch, size], lower[batch, size], ns[size])
+        cell_upper = upper[batch, size]
+        cell_lower = lower[batch, size] if not fused else _lower(keys, cell_upper, sigma[batch, size], batch)
+        cells = _Cells(batch, size, cell_upper, cell_lower, ns[size])
         undecided = _refine(keys, s, sigma, eps, cells, k_out, k_in, r_max, r_min)
         if bool(undecided.any()):
             _recompute(keys, s, ns, eps, batch[undecided], size[undecided], k_out, k_in, r_max, r_min)
@@ -289,20 +302,55 @@ def _round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
-def _bounds(keys: _Keys, s: Tensor, sigma: Tensor, eps: Tensor) -> tuple[Tensor, Tensor]:
-    """Upper and lower bounds ``P``, ``M`` [B, g, K] of every key's screen value (work tensors)."""
+def _upper(keys: _Keys, s: Tensor, sigma: Tensor, eps: Tensor) -> Tensor:
+    """The upper bounds ``P`` [B, g, K] of every key's screen value (a work tensor)."""
     shape = (s.shape[0], s.shape[1], keys.operand.shape[-1])
     upper = _WORKSPACE.get("upper", shape, keys.screen, s.device)
     if keys.distance == "euclidean":
         s_screen = torch.cat([(-2 * s).to(keys.screen), sigma.to(keys.screen)[..., None]], dim=-1)
-        torch.baddbmm(keys.bias, s_screen, keys.operand, out=upper)  # E + c ||y||^2 + 2 c ||y|| ||s||
-        lower = _WORKSPACE.get("lower", shape, keys.screen, s.device)
-        torch.addcmul(upper, sigma.to(keys.screen)[..., None], keys.band_key, value=-2, out=lower)
-        return upper, lower.sub_(keys.band_sq)  # E - c ||y||^2 - 2 c ||y|| ||s||
+        return torch.baddbmm(keys.bias, s_screen, keys.operand, out=upper)  # E + c ||y||^2 + 2 c ||y|| ||s||
     torch.bmm((-s).to(keys.screen), keys.operand, out=upper)  # -<y, s>
     denominator = torch.addcmul(eps.to(keys.screen)[:, None, None], sigma.to(keys.screen)[..., None], keys.bias)
-    upper.div_(torch.where(denominator > 0, denominator, 1.0))  # cosine distance - 1 (0 where the denominator is 0)
-    return upper, upper
+    return upper.div_(
+        torch.where(denominator > 0, denominator, 1.0)
+    )  # cosine distance - 1 (0 where the denominator is 0)
+
+
+def _lower(keys: _Keys, upper: Tensor, sigma: Tensor, batch: Tensor | None = None) -> Tensor:
+    """The lower bounds ``M`` of the screen values ``upper`` ([B, g, K], or [c, K] of the batches
+    ``batch`` [c] with ``sigma`` [c]): ``upper`` itself for the cosine distance."""
+    if keys.distance != "euclidean":
+        return upper
+    band_key, band_sq = keys.band_key, keys.band_sq  # [B, 1, K]
+    if batch is None:
+        lower = _WORKSPACE.get("lower", tuple(upper.shape), keys.screen, upper.device)
+        torch.addcmul(upper, sigma.to(keys.screen)[..., None], band_key, value=-2, out=lower)
+        return lower.sub_(band_sq)  # E - c ||y||^2 - 2 c ||y|| ||s||
+    lower = torch.addcmul(upper, sigma.to(keys.screen)[..., None], band_key[batch, 0], value=-2)
+    return lower.sub_(band_sq[batch, 0])
+
+
+def _decide_fused(
+    keys: _Keys, s: Tensor, sigma: Tensor, eps: Tensor, upper: Tensor, ns: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """:func:`_decide_group` for every size of the block at once, in the compiled passes of
+    :mod:`tl_geometry.core.fused_rows` (the same decisions; the direct distances and thresholds
+    between the two passes in torch, as the torch path forms them)."""
+    n_keys = upper.shape[-1]
+    cosine = keys.distance != "euclidean"
+    p = upper.numpy()
+    band_key, band_sq = keys.band_key[:, 0].numpy(), keys.band_sq[:, 0].numpy()
+    sigma_screen, sizes = sigma.to(keys.screen).numpy(), ns.contiguous().numpy()
+    i_star, j_star = (
+        torch.from_numpy(x) for x in fused_rows.extremes(p, band_key, band_sq, sigma_screen, sizes, cosine=cosine)
+    )
+    r_max, r_min = _at(keys, torch.cat([s, s], dim=1), torch.cat([i_star, j_star], dim=-1), eps).chunk(2, dim=-1)
+    r_min = torch.where(ns == n_keys, torch.inf, r_min)
+    lo, hi = _thresholds(keys, torch.cat([r_max, r_min], dim=-1), torch.cat([sigma, sigma], dim=-1))
+    (lo_max, lo_min), (hi_max, hi_min) = lo.chunk(2, dim=-1), hi.chunk(2, dim=-1)
+    thresholds = torch.stack([lo_max, hi_max, lo_min, hi_min]).numpy()
+    k_out, k_in, unsure = fused_rows.counts(p, band_key, band_sq, sigma_screen, sizes, thresholds, cosine=cosine)
+    return torch.from_numpy(k_out), torch.from_numpy(k_in), r_max, r_min, torch.from_numpy(unsure)
 
 
 def _arg_masked(values: Tensor, group: Tensor, start: int, largest: bool) -> Tensor:

@@ -31,6 +31,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from tl_geometry.core import fused_rows
 from tl_geometry.core.budget import check_memory
 from tl_geometry.core.checks import check_row_inputs, typechecked
 from tl_geometry.core.layouts import Layout, causal_rows, check_layout, tl_rows, values_per_head
@@ -122,6 +123,7 @@ def separability(
     row_keys: Tensor | None = ...,
     dtype: torch.dtype = ...,
     block_bytes: int = ...,
+    kernel: str | None = ...,
 ) -> Separability: ...
 
 
@@ -140,6 +142,7 @@ def separability(
     row_keys: Tensor | None = ...,
     dtype: torch.dtype = ...,
     block_bytes: int = ...,
+    kernel: str | None = ...,
 ) -> QueryRows: ...
 
 
@@ -157,6 +160,7 @@ def separability(
     row_keys: Tensor | None = None,
     dtype: torch.dtype = torch.float64,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
+    kernel: str | None = None,
 ) -> Separability | QueryRows:
     """Precision, Recall, radii, F-scores and local output errors of top-N selection (definitions §2, §7).
 
@@ -206,6 +210,10 @@ def separability(
         decides in float64 every key too close to a threshold for float32 to call.
     block_bytes : int, default 8 MiB
         Working-set size of one block of the distance computation; a tuning knob only.
+    kernel : "numba" or "torch", optional
+        How the screen's decisions run on the CPU: ``"numba"`` (the default where numba imports)
+        in compiled passes over each block, ``"torch"`` in tensor passes (the reference, and what
+        a GPU runs). The counts and radii are the same; a speed knob only.
 
     Returns
     -------
@@ -269,6 +277,7 @@ def separability(
             seed=seed,
             row_keys=row_keys,
             dtype=dtype,
+            kernel=kernel,
         )
     weights, values = causal_rows(weights, values, query_positions)
     return separability_of_rows(
@@ -282,6 +291,7 @@ def separability(
         row_keys=row_keys,
         dtype=dtype,
         block_bytes=block_bytes,
+        kernel=kernel,
     )
 
 
@@ -298,9 +308,11 @@ def separability_of_rows(
     row_keys: Tensor | None = None,
     dtype: torch.dtype = torch.float64,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
+    kernel: str | None = None,
 ) -> Separability:
     """:func:`separability` of rows ``weights [*batch, K]``, ``values [*batch, K, d]`` measured over every key."""
     rank_by, distance = check_rank_by(rank_by), check_distance(distance)
+    kernel = _check_kernel(kernel)
     n_random, seed = check_n_random(n_random), check_seed(seed)
     check_row_inputs(weights, values)
     _check_row_keys(row_keys, tuple(weights.shape[:-1]))
@@ -317,7 +329,7 @@ def separability_of_rows(
     keys = None if row_keys is None else row_keys.reshape(-1).to(device=weights.device, dtype=torch.int64)
     rows = _ScaledRows.of(w, v)
     order = _orders(rows, rank_by, n_draws, seed, keys)  # [R, draws, K]
-    metrics = _separability_rows(rows, order, ns_t, distance, dtype, block_bytes)
+    metrics = _separability_rows(rows, order, ns_t, distance, dtype, block_bytes, kernel)
 
     def unpack(x: Tensor) -> Tensor:
         mean = einops.reduce(x, "r draw n -> r n", "mean")
@@ -326,6 +338,15 @@ def separability_of_rows(
     return Separability(
         ns=ns_t, **{name: unpack(x) for name, x in metrics.items()}, rank_by=rank_by, distance=distance, n_draws=n_draws
     )
+
+
+def _check_kernel(kernel: str | None) -> str:
+    kernel = fused_rows.DEFAULT_KERNEL if kernel is None else kernel
+    if kernel not in fused_rows.KERNELS:
+        raise InputError(f"kernel must be one of {fused_rows.KERNELS}, got {kernel!r}")
+    if kernel == "numba" and not fused_rows.AVAILABLE:
+        raise InputError("kernel='numba' needs numba (pip install numba); use kernel='torch'")
+    return kernel
 
 
 @dataclass(frozen=True)
@@ -363,7 +384,7 @@ def _orders(rows: _ScaledRows, rank_by: str, n_draws: int, seed: int, keys: Tens
 
 @torch.no_grad()
 def _separability_rows(
-    rows: _ScaledRows, order: Tensor, ns: Tensor, distance: str, dtype: torch.dtype, block_bytes: int
+    rows: _ScaledRows, order: Tensor, ns: Tensor, distance: str, dtype: torch.dtype, block_bytes: int, kernel: str
 ) -> dict[str, Tensor]:
     """The engine on flat rows and their draws (``order``: [R, draws, K]): one [R, draws, G] float64
     tensor per metric.
@@ -386,7 +407,7 @@ def _separability_rows(
         n_block = keys.shape[0]
         weights, values = rows.weights[block], rows.values[block]
         y = weights[..., None] * values  # contributions in key order [r, K, d], float64
-        decided = decide(y, keys, ns, distance, cosine_eps[block], block_bytes)
+        decided = decide(y, keys, ns, distance, cosine_eps[block], block_bytes, kernel=kernel)
         shape = (n_block, n_draws, ns.shape[0])
         k_out, k_in = decided.k_out.view(shape), decided.k_in.view(shape)
         out["precision"][block] = n_float / (n_float + k_out)

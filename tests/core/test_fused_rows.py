@@ -1,0 +1,102 @@
+"""The per-row engine's compiled decisions against its torch decisions: the same counts and
+bit-identical radii (the torch path is itself checked against the loop reference in
+test_separability.py and test_screening.py, which run with the default, compiled kernel)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_screening import NOISE, decide, near_tie_rows
+from test_separability import random_rows
+
+import tl_geometry as tlg
+from tl_geometry.core import fused_rows
+from tl_geometry.errors import InputError
+
+pytestmark = pytest.mark.skipif(not fused_rows.AVAILABLE, reason="numba is not installed")
+
+METRICS = ["precision", "recall", "r_max", "r_min", "retained_mass", "local_error_del", "local_error_ren"]
+
+
+def assert_bit_identical(a, b) -> None:
+    for name in METRICS:
+        x, y = getattr(a, name), getattr(b, name)
+        assert torch.equal(x.isnan(), y.isnan()), name
+        assert torch.equal(x.nan_to_num(0.0), y.nan_to_num(0.0)), name  # == on floats: bit for bit here
+
+
+@st.composite
+def adversarial_rows(draw):
+    """Rows the screen finds hard: ties, duplicates, near ties below float32's resolution, weights
+    down to 1e-30 and zero, a key 2^40 louder than the rest, rows at extreme scales."""
+    kind = draw(st.sampled_from(["ties", "duplicates", "flat", "sink", "random", "near_ties"]))
+    n_rows, n_keys, dim = draw(st.integers(1, 3)), draw(st.integers(1, 40)), draw(st.integers(1, 8))
+    seed = draw(st.integers(0, 2**16))
+    if kind == "near_ties":
+        weights, values = near_tie_rows(3, n_keys, dim, seed, NOISE[draw(st.sampled_from(["euclidean", "cosine"]))])
+        weights, values = weights[:n_rows], values[:n_rows]
+    else:
+        weights, values = random_rows(kind, n_rows, n_keys, dim, seed)
+    if draw(st.booleans()):  # tiny weights: many keys with contributions near nothing
+        weights = weights * torch.logspace(0, -30, n_keys, dtype=torch.float64)
+        weights[..., : draw(st.integers(0, n_keys // 2))] = 0.0 if n_keys > 1 else weights[..., :0]
+    if draw(st.booleans()):
+        values[:, n_keys // 2] *= 2.0**40
+    scale = draw(st.sampled_from([1.0, 2.0**-600, 2.0**500]))
+    return weights, values * scale
+
+
+@settings(max_examples=60, deadline=None)
+@given(adversarial_rows(), st.sampled_from(["euclidean", "cosine"]),
+       st.sampled_from(["attention", "contribution", "random"]), st.sampled_from(["all", "log", [3, 1, 2]]),
+       st.sampled_from([1 << 10, 1 << 20]))  # fmt: skip
+def test_compiled_decisions_equal_the_torch_decisions(row, distance, rank_by, ns, block_bytes):
+    weights, values = row
+    if isinstance(ns, list):
+        ns = [n for n in ns if n <= weights.shape[-1]] or [1]
+    kw = dict(distance=distance, rank_by=rank_by, n_random=3, block_bytes=block_bytes)
+    assert_bit_identical(
+        tlg.separability(weights, values, ns, kernel="torch", **kw),
+        tlg.separability(weights, values, ns, kernel="numba", **kw),
+    )
+
+
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+@pytest.mark.parametrize("screen", [torch.float32, torch.float64])
+def test_near_ties_go_to_the_exact_path_and_decide_as_float64(distance, screen):
+    """Rows float32 cannot order: the compiled passes must leave cells to the re-check (counting
+    them as decided would give wrong counts) and then agree with the float64 torch decisions."""
+    weights, values = near_tie_rows(n_rows=4, k=40, d=6, seed=2, noise=NOISE[distance])
+    exact = decide(weights, values, distance, torch.float64, kernel="torch")
+    fast = decide(weights, values, distance, screen, kernel="numba")
+    assert fast.n_direct > 0 or screen == torch.float64
+    for name in ("k_out", "k_in", "r_max", "r_min"):
+        assert torch.equal(getattr(fast, name), getattr(exact, name)), name
+
+
+def test_extremes_and_counts_by_hand():
+    """One batch of four positions, sizes 1, 2 and 4, Euclidean: P given, M = P - 2 ||s|| band - band2."""
+    upper = np.array([[[1.0, 5.0, 0.5, 3.0], [1.0, 5.0, 0.5, 3.0], [1.0, 5.0, 0.5, 3.0]]])  # [B=1, g=3, K=4]
+    band_key, band_sq = np.full((1, 4), 0.25), np.array([[0.0, 0.5, 0.0, 0.0]])
+    sigma, ns = np.ones((1, 3)), np.array([1, 2, 4])
+    # M = P - 0.5 - band_sq: [0.5, 4.0, 0.0, 2.5] for every size
+    i_star, j_star = fused_rows.extremes(upper, band_key, band_sq, sigma, ns, cosine=False)
+    assert i_star.tolist() == [[0, 1, 1]]  # largest M among t < N
+    assert j_star.tolist() == [[2, 2, 3]]  # smallest P among t >= N (K - 1 where N = K)
+    # [lo, hi] around r_max, then around r_min, per size
+    thresholds = np.array([[[0.9, 4.0, 3.5]], [[1.1, 6.0, 4.5]], [[0.4, 1.2, np.inf]], [[0.6, 2.6, np.inf]]])
+    k_out, k_in, unsure = fused_rows.counts(upper, band_key, band_sq, sigma, ns, thresholds, cosine=False)
+    # N=1: P < 0.9 {2}, M < 1.1 {0, 2}: one key between, K_out = 2 - 1; P < 0.4 none, M < 0.6
+    # {0, 2}: two between, unsure. N=2: P < 4 {0, 2, 3}, M < 6 all: K_out = 4 - 2; P < 1.2 {0, 2},
+    # M < 2.6 {0, 2, 3}: K_in = 2. N=4: P < 3.5 {0, 2, 3}, M < 4.5 all: K_out = 0; K_in = N.
+    assert k_out.tolist() == [[1, 2, 0]] and k_in.tolist() == [[0, 2, 4]]
+    assert unsure.tolist() == [[True, False, False]]
+
+
+def test_unknown_kernel_is_refused():
+    weights, values = random_rows("random", n_rows=1, k=4, d=2, seed=0)
+    with pytest.raises(InputError, match="kernel must be one of"):
+        tlg.separability(weights, values, kernel="cuda")

@@ -1,0 +1,179 @@
+"""The per-row engine's screen decisions in compiled (numba) passes over each cell's keys.
+
+For every batch ``b`` (row and draw) and size ``N`` of a block, the screen's product gives the
+upper bound ``P_t`` of each position's screening value ``E_t = ||y_t||^2 - 2 <y_t, s(N)>`` in
+selection order; the lower bound is ``M_t = P_t - 2 ||s|| band_t - band2_t`` (``M = P`` for the
+cosine distance). Two passes over ``P`` replace the ~20 tensor passes of the torch decisions
+(:mod:`tl_geometry.core.screening`, docs/engine.md):
+
+* :func:`extremes`: ``i* = argmax_{t < N} M_t`` and ``j* = argmin_{t >= N} P_t``;
+* :func:`counts`: with the thresholds ``lo``, ``hi`` around ``D_{i*}`` and ``D_{j*}`` (direct
+  float64 distances, measured in torch between the passes),
+  ``#{P_t < lo}`` and ``#{M_t < hi}`` for both radii: ``K_out = hi - N`` and ``K_in = lo`` where
+  exactly one key (``i*``, ``j*``) lies between, else the cell is left to the exact re-check.
+
+Example: ``i_star, j_star = extremes(p, band_key, band_sq, sigma, ns, cosine=False)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+try:  # numba is a dependency; a broken install falls back to the torch decisions
+    import numba
+except ImportError:  # pragma: no cover - exercised where numba is missing
+    numba = None  # type: ignore[assignment]
+
+#: Whether the compiled passes can run here (numba importable).
+AVAILABLE = numba is not None
+
+#: The kernels :func:`tl_geometry.separability` accepts for its per-row engine.
+KERNELS = ("numba", "torch")
+
+#: The kernel when none is given: the compiled passes where numba imports, else torch.
+DEFAULT_KERNEL = "numba" if AVAILABLE else "torch"
+
+
+def _lower(p, neg_two_sigma, band_key, band_sq, cosine):  # pragma: no cover - compiled
+    """``M`` of one position, as ``torch.addcmul(P, sigma, band_key, value=-2) - band_sq`` forms it."""
+    if cosine:
+        return p
+    return p + neg_two_sigma * band_key - band_sq
+
+
+def _extremes(upper, band_key, band_sq, sigma, ns, consts, cosine, i_star, j_star):  # pragma: no cover
+    n_batch, n_sizes, n_keys = upper.shape
+    for b in range(n_batch):
+        for g in range(n_sizes):
+            n = ns[g]
+            neg_two_sigma = consts[0] * sigma[b, g]
+            best, at = _lower(upper[b, g, 0], neg_two_sigma, band_key[b, 0], band_sq[b, 0], cosine), 0
+            for t in range(1, n):
+                m = _lower(upper[b, g, t], neg_two_sigma, band_key[b, t], band_sq[b, t], cosine)
+                if m > best:
+                    best, at = m, t
+            i_star[b, g] = at
+            at = min(n, n_keys - 1)
+            best = upper[b, g, at]
+            for t in range(at + 1, n_keys):
+                if upper[b, g, t] < best:
+                    best, at = upper[b, g, t], t
+            j_star[b, g] = at
+
+
+def _counts(upper, band_key, band_sq, sigma, ns, thresholds, consts, cosine, k_out, k_in, unsure):  # pragma: no cover
+    n_batch, n_sizes, n_keys = upper.shape
+    for b in range(n_batch):
+        for g in range(n_sizes):
+            n = ns[g]
+            neg_two_sigma = consts[0] * sigma[b, g]
+            lo_max, hi_max, lo_min, hi_min = (
+                thresholds[0, b, g],
+                thresholds[1, b, g],
+                thresholds[2, b, g],
+                thresholds[3, b, g],
+            )
+            below_lo_max = below_hi_max = below_lo_min = below_hi_min = 0
+            for t in range(n_keys):
+                p = upper[b, g, t]
+                m = _lower(p, neg_two_sigma, band_key[b, t], band_sq[b, t], cosine)
+                below_lo_max += p < lo_max
+                below_hi_max += m < hi_max
+                below_lo_min += p < lo_min
+                below_hi_min += m < hi_min
+            k_out[b, g] = below_hi_max - n
+            doubt = below_hi_max - below_lo_max != 1
+            if n == n_keys:  # no out-key: r_min = inf, K_in = N
+                k_in[b, g] = n
+            else:
+                k_in[b, g] = below_lo_min
+                doubt = doubt or below_hi_min - below_lo_min != 1
+            unsure[b, g] = doubt
+
+
+_compiled_extremes: Any = None
+_compiled_counts: Any = None
+if AVAILABLE:
+    _lower = numba.njit(cache=True, inline="always")(_lower)
+    _compiled_extremes = numba.njit(cache=True, nogil=True)(_extremes)
+    _compiled_counts = numba.njit(cache=True, nogil=True)(_counts)
+
+
+def extremes(
+    upper: np.ndarray,
+    band_key: np.ndarray,
+    band_sq: np.ndarray,
+    sigma: np.ndarray,
+    ns: np.ndarray,
+    *,
+    cosine: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The positions ``i*`` (largest ``M`` among ``t < N``) and ``j*`` (smallest ``P`` among ``t >= N``).
+
+    Parameters
+    ----------
+    upper : [B, g, K] screen dtype (float32 or float64)
+        ``P``: the screen's upper bounds, keys in selection order.
+    band_key, band_sq : [B, K] screen dtype
+        ``2 c ||y_t||`` and ``2 c ||y_t||^2`` (unused for the cosine distance).
+    sigma : [B, g] screen dtype
+        ``||s(N)||``.
+    ns : [g] int64
+        The sizes.
+    cosine : bool
+        The cosine distance (``M = P``), else the Euclidean one.
+
+    Returns
+    -------
+    i_star, j_star : [B, g] int64
+        The first position of the extreme; ``j* = K - 1`` where ``N = K`` (no out-key).
+    """
+    if _compiled_extremes is None:  # pragma: no cover
+        raise RuntimeError("the fused decisions need numba: pip install numba, or use kernel='torch'")
+    consts = np.array([-2.0], dtype=upper.dtype)
+    i_star = np.empty(sigma.shape, dtype=np.int64)
+    j_star = np.empty(sigma.shape, dtype=np.int64)
+    _compiled_extremes(upper, band_key, band_sq, sigma, ns, consts, cosine, i_star, j_star)
+    return i_star, j_star
+
+
+def counts(
+    upper: np.ndarray,
+    band_key: np.ndarray,
+    band_sq: np.ndarray,
+    sigma: np.ndarray,
+    ns: np.ndarray,
+    thresholds: np.ndarray,
+    *,
+    cosine: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``K_out``, ``K_in`` and the cells the screen cannot decide, in one pass over each cell's keys.
+
+    Parameters
+    ----------
+    upper, band_key, band_sq, sigma, ns, cosine : as for :func:`extremes`.
+    thresholds : [4, B, g] screen dtype
+        ``T - eps`` and ``T + eps`` around ``r_max``, then around ``r_min``
+        (``screening`` rounds them outwards; ``+inf`` where ``N = K``).
+
+    Returns
+    -------
+    k_out, k_in : [B, g] int64
+        ``#{M_t < T_max + eps} - N`` and ``#{P_t < T_min - eps}`` (``N`` where ``N = K``): the
+        counts, wherever the cell is decided.
+    unsure : [B, g] bool
+        The cells where a key other than ``i*`` (or ``j*``) lies between its two counts.
+    """
+    if _compiled_counts is None:  # pragma: no cover
+        raise RuntimeError("the fused decisions need numba: pip install numba, or use kernel='torch'")
+    consts = np.array([-2.0], dtype=upper.dtype)
+    k_out = np.empty(sigma.shape, dtype=np.int64)
+    k_in = np.empty(sigma.shape, dtype=np.int64)
+    unsure = np.empty(sigma.shape, dtype=np.bool_)
+    _compiled_counts(upper, band_key, band_sq, sigma, ns, thresholds, consts, cosine, k_out, k_in, unsure)
+    return k_out, k_in, unsure
+
+
+__all__ = ["AVAILABLE", "DEFAULT_KERNEL", "KERNELS", "counts", "extremes"]
