@@ -100,3 +100,19 @@ def test_unknown_kernel_is_refused():
     weights, values = random_rows("random", n_rows=1, k=4, d=2, seed=0)
     with pytest.raises(InputError, match="kernel must be one of"):
         tlg.separability(weights, values, kernel="cuda")
+
+
+@pytest.mark.parametrize("screen", [torch.float32, torch.float64])
+def test_ordered_rows_are_the_gathered_running_sums(screen):
+    """The operand and centres of one walk per draw equal ``gather`` then ``torch.cumsum``, bit for
+    bit (sizes out of order, a size of 1 and of K, values that cancel)."""
+    weights, values = random_rows("duplicates", n_rows=2, k=9, d=3, seed=4)
+    y = weights[..., None] * values * torch.tensor([1.0, 1e16, -1e-16], dtype=torch.float64)
+    order = torch.stack([torch.randperm(9, generator=torch.Generator().manual_seed(s)) for s in range(6)]).view(2, 3, 9)
+    ns = torch.tensor([9, 1, 4])
+    operand = np.empty((6, 9, 4), dtype=torch.empty(0, dtype=screen).numpy().dtype)
+    centers = np.empty((6, 3, 3))
+    fused_rows.ordered_rows(y.numpy(), order.numpy(), ns.numpy(), operand, centers)
+    ordered = torch.gather(y[:, None].expand(2, 3, 9, 3), 2, order[..., None].expand(2, 3, 9, 3)).reshape(6, 9, 3)
+    assert torch.equal(torch.from_numpy(operand[..., :3]), ordered.to(screen))
+    assert torch.equal(torch.from_numpy(centers), torch.cumsum(ordered, dim=1)[:, ns - 1])

@@ -93,12 +93,61 @@ def _counts(upper, band_key, band_sq, sigma, ns, thresholds, consts, cosine, k_o
             unsure[b, g] = doubt
 
 
+def _ordered_rows(y, order, at, by_size, operand, centers):  # pragma: no cover - compiled
+    n_rows, n_draws, n_keys = order.shape
+    n_sizes, dim = at.shape[0], y.shape[2]
+    acc = np.empty(dim, dtype=y.dtype)
+    for r in range(n_rows):
+        for draw in range(n_draws):
+            b = r * n_draws + draw
+            acc[:] = 0.0
+            g = 0
+            for k in range(n_keys):
+                key = order[r, draw, k]
+                for j in range(dim):
+                    x = y[r, key, j]
+                    acc[j] += x
+                    operand[b, k, j] = x
+                while g < n_sizes and at[by_size[g]] == k:
+                    centers[b, by_size[g]] = acc
+                    g += 1
+
+
 _compiled_extremes: Any = None
 _compiled_counts: Any = None
+_compiled_ordered_rows: Any = None
 if AVAILABLE:
     _lower = numba.njit(cache=True, inline="always")(_lower)
     _compiled_extremes = numba.njit(cache=True, nogil=True)(_extremes)
     _compiled_counts = numba.njit(cache=True, nogil=True)(_counts)
+    _compiled_ordered_rows = numba.njit(cache=True, nogil=True)(_ordered_rows)
+
+
+def ordered_rows(y: np.ndarray, order: np.ndarray, ns: np.ndarray, operand: np.ndarray, centers: np.ndarray) -> None:
+    """Each draw's contributions in selection order, and its centres ``s(N)``, in one walk of its order.
+
+    What ``gather`` then ``cumsum`` give, without the float64 ``[d, B, K]`` tensor of sorted
+    contributions: the running sum starts at 0 and adds the keys in selection order, as
+    ``torch.cumsum`` does, so the centres are the same numbers.
+
+    Parameters
+    ----------
+    y : [R, K, d] float64
+        Contributions in key order.
+    order : [R, draws, K] int64
+        Each draw's keys in selection order.
+    ns : [G] int64
+        The sizes (any order).
+    operand : [B, K, d (+1)] screen dtype, written
+        ``operand[b, t, :d]``: ``y`` of batch ``b = r * draws + draw`` at selection position ``t``,
+        converted to the operand's dtype.
+    centers : [B, G, d] float64, written
+        ``s(N) = sum_{t < N} y[r, order[r, draw, t]]``.
+    """
+    if _compiled_ordered_rows is None:  # pragma: no cover
+        raise RuntimeError("the fused decisions need numba: pip install numba, or use kernel='torch'")
+    at = ns - 1
+    _compiled_ordered_rows(y, order, at, np.argsort(at, kind="stable"), operand, centers)
 
 
 def extremes(
@@ -176,4 +225,4 @@ def counts(
     return k_out, k_in, unsure
 
 
-__all__ = ["AVAILABLE", "DEFAULT_KERNEL", "KERNELS", "counts", "extremes"]
+__all__ = ["AVAILABLE", "DEFAULT_KERNEL", "KERNELS", "counts", "extremes", "ordered_rows"]

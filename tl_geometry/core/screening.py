@@ -121,14 +121,14 @@ def decide(
         screen = torch.float64 if tiny else SCREEN_DTYPE
     if (y.shape[-1] + 16) * torch.finfo(screen).eps / 2 > 0.1:  # the band (d + 16) u must stay small
         raise ValueError(f"a {screen} screen is too coarse for d = {y.shape[-1]}: its rounding bound does not hold")
-    keys = _Keys.of(y, order, ns, distance, screen)
+    fused = kernel == "numba" and y.device.type == "cpu" and screen in (torch.float32, torch.float64)
+    keys = _Keys.of(y, order, ns, distance, screen, fused)
     n_batch = keys.bias.shape[0]
     size_block = balanced_block(ns.shape[0], max(1, block_bytes // (n_batch * n_keys * torch.finfo(screen).bits // 8)))
     out = {name: torch.empty(n_batch, ns.shape[0], dtype=dtype, device=ns.device) for name, dtype in _RESULTS.items()}
     n_direct = 0
     ranks = torch.argsort(ns, stable=True)  # sizes by value, so that a block's in-keys are a short prefix
     in_order = bool((ranks == torch.arange(ns.shape[0], device=ns.device)).all())
-    fused = kernel == "numba" and y.device.type == "cpu" and screen in (torch.float32, torch.float64)
     for g0 in range(0, ns.shape[0], size_block):
         sizes: slice | Tensor = slice(g0, g0 + size_block) if in_order else ranks[g0 : g0 + size_block]
         part = _decide_sizes(keys, keys.centers[:, sizes], ns[sizes], eps, fused)
@@ -169,19 +169,27 @@ class _Keys:
     band_sq: Tensor
 
     @classmethod
-    def of(cls, y: Tensor, order: Tensor, ns: Tensor, distance: str, screen: torch.dtype) -> "_Keys":
+    def of(cls, y: Tensor, order: Tensor, ns: Tensor, distance: str, screen: torch.dtype, fused: bool) -> "_Keys":
         n_rows, n_draws, n_keys = order.shape
         dim, n_batch, device = y.shape[-1], n_rows * n_draws, y.device
         euclidean = distance == "euclidean"
-        # the contributions in selection order, feature-major [d, B, K]: a fast running sum along K
-        # (2-D transposes: much faster than a copy of the permuted 3-D tensor)
-        source = y.reshape(-1, dim).t().contiguous().view(dim, n_rows, 1, n_keys)
-        ordered = _WORKSPACE.get("ordered", (dim, n_rows, n_draws, n_keys), y.dtype, device)
-        torch.gather(source.expand(dim, -1, n_draws, -1), -1, order[None].expand(dim, -1, -1, -1), out=ordered)
-        ordered = ordered.view(dim, n_batch, n_keys)
-        operand = _WORKSPACE.get("operand", (dim + int(euclidean), n_batch, n_keys), screen, device)
-        operand[:dim] = ordered
-        centers = ordered.cumsum_(dim=-1)[..., ns - 1].reshape(dim, -1).t().contiguous().view(n_batch, -1, dim)
+        if fused:  # one compiled walk of each order: the operand (key-major) and the centres
+            operand = _WORKSPACE.get("operand", (n_batch, n_keys, dim + int(euclidean)), screen, device)
+            centers = torch.empty(n_batch, ns.shape[0], dim, dtype=y.dtype, device=device)
+            fused_rows.ordered_rows(
+                y.contiguous().numpy(), order.contiguous().numpy(), ns.numpy(), operand.numpy(), centers.numpy()
+            )
+            operand = einops.rearrange(operand, "b k d -> d b k")  # a view, as the torch path's layout
+        else:
+            operand = _WORKSPACE.get("operand", (dim + int(euclidean), n_batch, n_keys), screen, device)
+            # the contributions in selection order, feature-major [d, B, K]: a fast running sum along K
+            # (2-D transposes: much faster than a copy of the permuted 3-D tensor)
+            source = y.reshape(-1, dim).t().contiguous().view(dim, n_rows, 1, n_keys)
+            ordered = _WORKSPACE.get("ordered", (dim, n_rows, n_draws, n_keys), y.dtype, device)
+            torch.gather(source.expand(dim, -1, n_draws, -1), -1, order[None].expand(dim, -1, -1, -1), out=ordered)
+            ordered = ordered.view(dim, n_batch, n_keys)
+            operand[:dim] = ordered
+            centers = ordered.cumsum_(dim=-1)[..., ns - 1].reshape(dim, -1).t().contiguous().view(n_batch, -1, dim)
         unit = torch.finfo(screen).eps / 2
         coef = (dim + 16) * unit + (2 * dim + 24) * _U64
         key_sq = einops.einsum(y, y, "r k d, r k d -> r k")
