@@ -352,7 +352,7 @@ def _decide_fused(
     i_star, j_star = (
         torch.from_numpy(x) for x in fused_rows.extremes(p, band_key, band_sq, sigma_screen, sizes, cosine=cosine)
     )
-    r_max, r_min = _at(keys, torch.cat([s, s], dim=1), torch.cat([i_star, j_star], dim=-1), eps).chunk(2, dim=-1)
+    r_max, r_min = _at(keys, s, i_star, eps), _at(keys, s, j_star, eps)
     r_min = torch.where(ns == n_keys, torch.inf, r_min)
     lo, hi = _thresholds(keys, torch.cat([r_max, r_min], dim=-1), torch.cat([sigma, sigma], dim=-1))
     (lo_max, lo_min), (hi_max, hi_min) = lo.chunk(2, dim=-1), hi.chunk(2, dim=-1)
