@@ -111,8 +111,9 @@ def test_ordered_rows_are_the_gathered_running_sums(screen):
     order = torch.stack([torch.randperm(9, generator=torch.Generator().manual_seed(s)) for s in range(6)]).view(2, 3, 9)
     ns = torch.tensor([9, 1, 4])
     operand = np.empty((6, 9, 4), dtype=torch.empty(0, dtype=screen).numpy().dtype)
-    centers = np.empty((6, 3, 3))
-    fused_rows.ordered_rows(y.numpy(), order.numpy(), ns.numpy(), operand, centers)
+    centers, rank = np.empty((6, 3, 3)), np.empty((6, 9), dtype=np.int64)
+    fused_rows.ordered_rows(y.numpy(), order.numpy(), ns.numpy(), centers, operand=operand, rank=rank)
     ordered = torch.gather(y[:, None].expand(2, 3, 9, 3), 2, order[..., None].expand(2, 3, 9, 3)).reshape(6, 9, 3)
     assert torch.equal(torch.from_numpy(operand[..., :3]), ordered.to(screen))
     assert torch.equal(torch.from_numpy(centers), torch.cumsum(ordered, dim=1)[:, ns - 1])
+    assert torch.equal(torch.from_numpy(rank), torch.argsort(order.view(6, 9), dim=-1))  # the inverse permutation

@@ -43,29 +43,45 @@ def _lower(p, neg_two_sigma, band_key, band_sq, cosine):  # pragma: no cover - c
     return p + neg_two_sigma * band_key - band_sq
 
 
-def _extremes(upper, band_key, band_sq, sigma, ns, consts, cosine, i_star, j_star):  # pragma: no cover
+def _extremes(upper, band_key, band_sq, sigma, ns, rank, consts, cosine, i_star, j_star):  # pragma: no cover
     n_batch, n_sizes, n_keys = upper.shape
+    n_draws = n_batch // band_key.shape[0]
     for b in range(n_batch):
+        row = b // n_draws
         for g in range(n_sizes):
             n = ns[g]
             neg_two_sigma = consts[0] * sigma[b, g]
-            best, at = _lower(upper[b, g, 0], neg_two_sigma, band_key[b, 0], band_sq[b, 0], cosine), 0
-            for t in range(1, n):
-                m = _lower(upper[b, g, t], neg_two_sigma, band_key[b, t], band_sq[b, t], cosine)
-                if m > best:
-                    best, at = m, t
-            i_star[b, g] = at
-            at = min(n, n_keys - 1)
-            best = upper[b, g, at]
-            for t in range(at + 1, n_keys):
-                if upper[b, g, t] < best:
-                    best, at = upper[b, g, t], t
-            j_star[b, g] = at
+            if rank.shape[0] == 0:  # keys in selection order: I_N is the first N positions
+                best, at = _lower(upper[b, g, 0], neg_two_sigma, band_key[row, 0], band_sq[row, 0], cosine), 0
+                for t in range(1, n):
+                    m = _lower(upper[b, g, t], neg_two_sigma, band_key[row, t], band_sq[row, t], cosine)
+                    if m > best:
+                        best, at = m, t
+                i_star[b, g] = at
+                at = min(n, n_keys - 1)
+                best = upper[b, g, at]
+                for t in range(at + 1, n_keys):
+                    if upper[b, g, t] < best:
+                        best, at = upper[b, g, t], t
+                j_star[b, g] = at
+            else:  # keys in key order, each at its selection position rank[b, t]
+                best_in, at_in, best_out, at_out = -consts[1], 0, consts[1], n_keys - 1
+                for t in range(n_keys):
+                    position = rank[b, t]
+                    if position < n:
+                        m = _lower(upper[b, g, t], neg_two_sigma, band_key[row, t], band_sq[row, t], cosine)
+                        if m > best_in or (m == best_in and position < at_in):
+                            best_in, at_in = m, position
+                    elif upper[b, g, t] < best_out or (upper[b, g, t] == best_out and position < at_out):
+                        best_out, at_out = upper[b, g, t], position
+                i_star[b, g], j_star[b, g] = at_in, at_out
 
 
 def _counts(upper, band_key, band_sq, sigma, ns, thresholds, consts, cosine, k_out, k_in, unsure):  # pragma: no cover
     n_batch, n_sizes, n_keys = upper.shape
+    n_draws = n_batch // band_key.shape[0]
     for b in range(n_batch):
+        row = b // n_draws
         for g in range(n_sizes):
             n = ns[g]
             neg_two_sigma = consts[0] * sigma[b, g]
@@ -78,7 +94,7 @@ def _counts(upper, band_key, band_sq, sigma, ns, thresholds, consts, cosine, k_o
             below_lo_max = below_hi_max = below_lo_min = below_hi_min = 0
             for t in range(n_keys):
                 p = upper[b, g, t]
-                m = _lower(p, neg_two_sigma, band_key[b, t], band_sq[b, t], cosine)
+                m = _lower(p, neg_two_sigma, band_key[row, t], band_sq[row, t], cosine)
                 below_lo_max += p < lo_max
                 below_hi_max += m < hi_max
                 below_lo_min += p < lo_min
@@ -93,9 +109,10 @@ def _counts(upper, band_key, band_sq, sigma, ns, thresholds, consts, cosine, k_o
             unsure[b, g] = doubt
 
 
-def _ordered_rows(y, order, at, by_size, operand, centers):  # pragma: no cover - compiled
+def _ordered_rows(y, order, at, by_size, operand, centers, rank):  # pragma: no cover - compiled
     n_rows, n_draws, n_keys = order.shape
     n_sizes, dim = at.shape[0], y.shape[2]
+    write_operand, write_rank = operand.shape[0] > 0, rank.shape[0] > 0
     acc = np.empty(dim, dtype=y.dtype)
     for r in range(n_rows):
         for draw in range(n_draws):
@@ -104,10 +121,13 @@ def _ordered_rows(y, order, at, by_size, operand, centers):  # pragma: no cover 
             g = 0
             for k in range(n_keys):
                 key = order[r, draw, k]
+                if write_rank:
+                    rank[b, key] = k
                 for j in range(dim):
                     x = y[r, key, j]
                     acc[j] += x
-                    operand[b, k, j] = x
+                    if write_operand:
+                        operand[b, k, j] = x
                 while g < n_sizes and at[by_size[g]] == k:
                     centers[b, by_size[g]] = acc
                     g += 1
@@ -123,8 +143,16 @@ if AVAILABLE:
     _compiled_ordered_rows = numba.njit(cache=True, nogil=True)(_ordered_rows)
 
 
-def ordered_rows(y: np.ndarray, order: np.ndarray, ns: np.ndarray, operand: np.ndarray, centers: np.ndarray) -> None:
-    """Each draw's contributions in selection order, and its centres ``s(N)``, in one walk of its order.
+def ordered_rows(
+    y: np.ndarray,
+    order: np.ndarray,
+    ns: np.ndarray,
+    centers: np.ndarray,
+    *,
+    operand: np.ndarray | None = None,
+    rank: np.ndarray | None = None,
+) -> None:
+    """Each draw's centres ``s(N)`` (and its operand, or its ranks) in one walk of its order.
 
     What ``gather`` then ``cumsum`` give, without the float64 ``[d, B, K]`` tensor of sorted
     contributions: the running sum starts at 0 and adds the keys in selection order, as
@@ -138,16 +166,20 @@ def ordered_rows(y: np.ndarray, order: np.ndarray, ns: np.ndarray, operand: np.n
         Each draw's keys in selection order.
     ns : [G] int64
         The sizes (any order).
-    operand : [B, K, d (+1)] screen dtype, written
-        ``operand[b, t, :d]``: ``y`` of batch ``b = r * draws + draw`` at selection position ``t``,
-        converted to the operand's dtype.
     centers : [B, G, d] float64, written
-        ``s(N) = sum_{t < N} y[r, order[r, draw, t]]``.
+        ``s(N) = sum_{t < N} y[r, order[r, draw, t]]`` of batch ``b = r * draws + draw``.
+    operand : [B, K, d (+1)] screen dtype, optional, written
+        ``operand[b, t, :d]``: ``y`` of batch ``b`` at selection position ``t``, converted to the
+        operand's dtype.
+    rank : [B, K] int64, optional, written
+        Each key's selection position in batch ``b`` (the inverse of its order).
     """
     if _compiled_ordered_rows is None:  # pragma: no cover
         raise RuntimeError("the fused decisions need numba: pip install numba, or use kernel='torch'")
     at = ns - 1
-    _compiled_ordered_rows(y, order, at, np.argsort(at, kind="stable"), operand, centers)
+    operand = np.empty((0, 0, 0), dtype=np.float32) if operand is None else operand
+    rank = np.empty((0, 0), dtype=np.int64) if rank is None else rank
+    _compiled_ordered_rows(y, order, at, np.argsort(at, kind="stable"), operand, centers, rank)
 
 
 def extremes(
@@ -158,33 +190,38 @@ def extremes(
     ns: np.ndarray,
     *,
     cosine: bool,
+    rank: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The positions ``i*`` (largest ``M`` among ``t < N``) and ``j*`` (smallest ``P`` among ``t >= N``).
 
     Parameters
     ----------
     upper : [B, g, K] screen dtype (float32 or float64)
-        ``P``: the screen's upper bounds, keys in selection order.
-    band_key, band_sq : [B, K] screen dtype
-        ``2 c ||y_t||`` and ``2 c ||y_t||^2`` (unused for the cosine distance).
+        ``P``: the screen's upper bounds, keys in selection order (or in key order, with ``rank``).
+    band_key, band_sq : [R, K] screen dtype
+        ``2 c ||y_t||`` and ``2 c ||y_t||^2`` (unused for the cosine distance), one row for each
+        ``B / R`` consecutive batches (the draws of a row), keys in the order of ``upper``.
     sigma : [B, g] screen dtype
         ``||s(N)||``.
     ns : [g] int64
         The sizes.
     cosine : bool
         The cosine distance (``M = P``), else the Euclidean one.
+    rank : [B, K] int64, optional
+        With keys in key order: each key's selection position (``I_N`` = the keys of rank ``< N``).
 
     Returns
     -------
     i_star, j_star : [B, g] int64
-        The first position of the extreme; ``j* = K - 1`` where ``N = K`` (no out-key).
+        The first selection position of the extreme; ``j* = K - 1`` where ``N = K`` (no out-key).
     """
     if _compiled_extremes is None:  # pragma: no cover
         raise RuntimeError("the fused decisions need numba: pip install numba, or use kernel='torch'")
-    consts = np.array([-2.0], dtype=upper.dtype)
+    consts = np.array([-2.0, np.inf], dtype=upper.dtype)
+    rank = np.empty((0, 0), dtype=np.int64) if rank is None else rank
     i_star = np.empty(sigma.shape, dtype=np.int64)
     j_star = np.empty(sigma.shape, dtype=np.int64)
-    _compiled_extremes(upper, band_key, band_sq, sigma, ns, consts, cosine, i_star, j_star)
+    _compiled_extremes(upper, band_key, band_sq, sigma, ns, rank, consts, cosine, i_star, j_star)
     return i_star, j_star
 
 
@@ -202,7 +239,7 @@ def counts(
 
     Parameters
     ----------
-    upper, band_key, band_sq, sigma, ns, cosine : as for :func:`extremes`.
+    upper, band_key, band_sq, sigma, ns, cosine : as for :func:`extremes` (keys in either order).
     thresholds : [4, B, g] screen dtype
         ``T - eps`` and ``T + eps`` around ``r_max``, then around ``r_min``
         (``screening`` rounds them outwards; ``+inf`` where ``N = K``).

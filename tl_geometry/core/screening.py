@@ -123,7 +123,7 @@ def decide(
         raise ValueError(f"a {screen} screen is too coarse for d = {y.shape[-1]}: its rounding bound does not hold")
     fused = kernel == "numba" and y.device.type == "cpu" and screen in (torch.float32, torch.float64)
     keys = _Keys.of(y, order, ns, distance, screen, fused)
-    n_batch = keys.bias.shape[0]
+    n_batch = keys.centers.shape[0]
     size_block = balanced_block(ns.shape[0], max(1, block_bytes // (n_batch * n_keys * torch.finfo(screen).bits // 8)))
     out = {name: torch.empty(n_batch, ns.shape[0], dtype=dtype, device=ns.device) for name, dtype in _RESULTS.items()}
     n_direct = 0
@@ -155,6 +155,10 @@ class _Keys:
     the Euclidean distance the band row ``2 c ||y_t||``); ``bias`` [B, 1, K] (``(1 + c) ||y_t||^2``,
     or ``||y_t||`` for the cosine); ``band_key``, ``band_sq`` [B, 1, K] (``2 c ||y_t||``,
     ``2 c ||y_t||^2``).
+
+    With ``rank`` ([B, K], each key's selection position: the compiled kernel's draws) the keys
+    stay in key order and the draws of a row share its operand, bias and bands ([r, ...]): one
+    product of all the draws' centres against the row's keys.
     """
 
     y: Tensor
@@ -167,18 +171,36 @@ class _Keys:
     bias: Tensor
     band_key: Tensor
     band_sq: Tensor
+    rank: Tensor | None = None
 
     @classmethod
     def of(cls, y: Tensor, order: Tensor, ns: Tensor, distance: str, screen: torch.dtype, fused: bool) -> "_Keys":
         n_rows, n_draws, n_keys = order.shape
         dim, n_batch, device = y.shape[-1], n_rows * n_draws, y.device
         euclidean = distance == "euclidean"
+        unit = torch.finfo(screen).eps / 2
+        coef = (dim + 16) * unit + (2 * dim + 24) * _U64
+        key_sq = einops.einsum(y, y, "r k d, r k d -> r k")
+        if fused and n_draws > 1:  # the draws share their row's keys, in key order
+            centers = torch.empty(n_batch, ns.shape[0], dim, dtype=y.dtype, device=device)
+            rank = torch.empty(n_batch, n_keys, dtype=torch.int64, device=device)
+            y_np, order_np = y.contiguous().numpy(), order.contiguous().numpy()
+            fused_rows.ordered_rows(y_np, order_np, ns.numpy(), centers.numpy(), rank=rank.numpy())
+            operand = _WORKSPACE.get("operand", (n_rows, dim + int(euclidean), n_keys), screen, device)
+            operand[:, :dim] = einops.rearrange(y, "r k d -> r d k")
+            sq = key_sq[:, None, :]
+            if euclidean:
+                band_key = (2 * coef * sq.sqrt()).to(screen)
+                operand[:, dim] = band_key[:, 0]
+                bias, band_sq = ((1 + coef) * sq).to(screen), (2 * coef * sq).to(screen)
+            else:
+                bias = band_key = band_sq = sq.sqrt().to(screen)
+            return cls(y, order, centers, distance, screen, coef, operand, bias, band_key, band_sq, rank)
         if fused:  # one compiled walk of each order: the operand (key-major) and the centres
             operand = _WORKSPACE.get("operand", (n_batch, n_keys, dim + int(euclidean)), screen, device)
             centers = torch.empty(n_batch, ns.shape[0], dim, dtype=y.dtype, device=device)
-            fused_rows.ordered_rows(
-                y.contiguous().numpy(), order.contiguous().numpy(), ns.numpy(), operand.numpy(), centers.numpy()
-            )
+            y_np, order_np = y.contiguous().numpy(), order.contiguous().numpy()
+            fused_rows.ordered_rows(y_np, order_np, ns.numpy(), centers.numpy(), operand=operand.numpy())
             operand = einops.rearrange(operand, "b k d -> d b k")  # a view, as the torch path's layout
         else:
             operand = _WORKSPACE.get("operand", (dim + int(euclidean), n_batch, n_keys), screen, device)
@@ -190,9 +212,6 @@ class _Keys:
             ordered = ordered.view(dim, n_batch, n_keys)
             operand[:dim] = ordered
             centers = ordered.cumsum_(dim=-1)[..., ns - 1].reshape(dim, -1).t().contiguous().view(n_batch, -1, dim)
-        unit = torch.finfo(screen).eps / 2
-        coef = (dim + 16) * unit + (2 * dim + 24) * _U64
-        key_sq = einops.einsum(y, y, "r k d, r k d -> r k")
         sq = torch.gather(key_sq[:, None, :].expand_as(order), -1, order).view(n_batch, 1, n_keys)
         if euclidean:
             band_key = (2 * coef * sq.sqrt()).to(screen)
@@ -232,6 +251,9 @@ def _decide_sizes(keys: _Keys, s: Tensor, ns: Tensor, eps: Tensor, fused: bool) 
         batch, size = unsure.nonzero(as_tuple=True)
         cell_upper = upper[batch, size]
         cell_lower = lower[batch, size] if not fused else _lower(keys, cell_upper, sigma[batch, size], batch)
+        if keys.rank is not None:  # key order -> selection order
+            position = keys.order.view(-1, keys.order.shape[-1])[batch]
+            cell_upper, cell_lower = cell_upper.gather(-1, position), cell_lower.gather(-1, position)
         cells = _Cells(batch, size, cell_upper, cell_lower, ns[size])
         undecided = _refine(keys, s, sigma, eps, cells, k_out, k_in, r_max, r_min)
         if bool(undecided.any()):
@@ -314,14 +336,21 @@ def _upper(keys: _Keys, s: Tensor, sigma: Tensor, eps: Tensor) -> Tensor:
     """The upper bounds ``P`` [B, g, K] of every key's screen value (a work tensor)."""
     shape = (s.shape[0], s.shape[1], keys.operand.shape[-1])
     upper = _WORKSPACE.get("upper", shape, keys.screen, s.device)
+    # [r, draws x g, ...] where the draws share their row's operand (keys.rank), else [B, g, ...]
+    n_operands = keys.operand.shape[0]
+    per_operand = upper.view(n_operands, -1, shape[-1])
     if keys.distance == "euclidean":
         s_screen = torch.cat([(-2 * s).to(keys.screen), sigma.to(keys.screen)[..., None]], dim=-1)
-        return torch.baddbmm(keys.bias, s_screen, keys.operand, out=upper)  # E + c ||y||^2 + 2 c ||y|| ||s||
-    torch.bmm((-s).to(keys.screen), keys.operand, out=upper)  # -<y, s>
-    denominator = torch.addcmul(eps.to(keys.screen)[:, None, None], sigma.to(keys.screen)[..., None], keys.bias)
-    return upper.div_(
-        torch.where(denominator > 0, denominator, 1.0)
-    )  # cosine distance - 1 (0 where the denominator is 0)
+        s_screen = s_screen.view(n_operands, -1, s_screen.shape[-1])
+        torch.baddbmm(keys.bias, s_screen, keys.operand, out=per_operand)  # E + c ||y||^2 + 2 c ||y|| ||s||
+        return upper
+    torch.bmm((-s).to(keys.screen).view(n_operands, -1, s.shape[-1]), keys.operand, out=per_operand)  # -<y, s>
+    norm = sigma.to(keys.screen).view(n_operands, -1)[..., None]
+    constant = eps.to(keys.screen)[:, None].expand_as(sigma).reshape(n_operands, -1)[..., None]
+    denominator = torch.addcmul(constant, norm, keys.bias)
+    # the cosine distance - 1 (0 where the denominator is 0)
+    per_operand.div_(torch.where(denominator > 0, denominator, 1.0))
+    return upper
 
 
 def _lower(keys: _Keys, upper: Tensor, sigma: Tensor, batch: Tensor | None = None) -> Tensor:
@@ -334,8 +363,9 @@ def _lower(keys: _Keys, upper: Tensor, sigma: Tensor, batch: Tensor | None = Non
         lower = _WORKSPACE.get("lower", tuple(upper.shape), keys.screen, upper.device)
         torch.addcmul(upper, sigma.to(keys.screen)[..., None], band_key, value=-2, out=lower)
         return lower.sub_(band_sq)  # E - c ||y||^2 - 2 c ||y|| ||s||
-    lower = torch.addcmul(upper, sigma.to(keys.screen)[..., None], band_key[batch, 0], value=-2)
-    return lower.sub_(band_sq[batch, 0])
+    row = batch if keys.rank is None else torch.div(batch, keys.order.shape[1], rounding_mode="floor")
+    lower = torch.addcmul(upper, sigma.to(keys.screen)[..., None], band_key[row, 0], value=-2)
+    return lower.sub_(band_sq[row, 0])
 
 
 def _decide_fused(
@@ -349,8 +379,10 @@ def _decide_fused(
     p = upper.numpy()
     band_key, band_sq = keys.band_key[:, 0].numpy(), keys.band_sq[:, 0].numpy()
     sigma_screen, sizes = sigma.to(keys.screen).numpy(), ns.contiguous().numpy()
+    rank = None if keys.rank is None else keys.rank.numpy()
     i_star, j_star = (
-        torch.from_numpy(x) for x in fused_rows.extremes(p, band_key, band_sq, sigma_screen, sizes, cosine=cosine)
+        torch.from_numpy(x)
+        for x in fused_rows.extremes(p, band_key, band_sq, sigma_screen, sizes, cosine=cosine, rank=rank)
     )
     r_max, r_min = _at(keys, s, i_star, eps), _at(keys, s, j_star, eps)
     r_min = torch.where(ns == n_keys, torch.inf, r_min)
