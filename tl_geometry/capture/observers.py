@@ -183,9 +183,10 @@ class SeparabilityObserver(RowMetricsObserver):
     seed : int, default 0
         Seed of the random control.
     kernel : "auto", "numba" or "torch", default "auto"
-        How the screen of many query positions runs on the CPU
-        (:func:`~tl_geometry.core.query_engine.separability_queries`): the compiled numba pass
-        where numba imports (``"auto"``), or one of the two by name. The rows are the same.
+        How the screen runs on the CPU, for many query positions
+        (:func:`~tl_geometry.core.query_engine.separability_queries`) and for one
+        (:func:`~tl_geometry.core.separability.separability`): the compiled numba passes where
+        numba imports (``"auto"``), or one of the two by name. The rows are the same.
 
     Examples
     --------
@@ -260,6 +261,7 @@ class SeparabilityObserver(RowMetricsObserver):
                     seed=self.seed,
                     row_keys=keys.to(weights.device),
                     dtype=self.dtype,
+                    kernel=None if self.kernel == "auto" else self.kernel,
                 )
                 metrics = {name: getattr(res, name) for name in [*SEPARABILITY_METRICS, *LOCAL_ERROR_METRICS]}
                 self.chunks.append(self._finish(head_rows_table(batch, q, res.ns, self.kv_head_of, metrics), res))
