@@ -79,7 +79,8 @@ def test_fused_screen_equals_the_torch_screen_for_other_rankings(rank_by):
 
 def test_the_cells_to_recheck_outgrow_their_first_buffer():
     """Every key tied with every other (a flat row of equal values): every key is near both radii,
-    more cells than the first buffer holds; the counts must still be those of the torch screen."""
+    more cells than the first buffer holds (the kernel grows it); the counts must still be those of
+    the torch screen."""
     weights, values = layer_rows("flat", 40, d=3)
     values[:] = 1.0
     ref = separability_queries(weights, values, list(range(40)), kv_heads(4, 2), "all", kernel="torch")
@@ -87,25 +88,61 @@ def test_the_cells_to_recheck_outgrow_their_first_buffer():
     assert_bit_identical(ref, got)
 
 
-def test_screen_counts_by_hand():
+def screen_by_hand(coef: float, absolute: float):
     """One group, one row of three keys, sizes 1 and 2 (Euclidean, E = ||y||^2 - 2 <y, s>)."""
     x = np.array([[[[1.0, 1.0]], [[0.0, 0.5]], [[2.0, 0.0]]]])  # [P=1, K=3, E=1, G=2]
     w = np.ones((1, 3, 1))
     v_norm = np.array([[[1.0], [1.0], [2.0]]])
     rank = np.array([[[0], [1], [2]]])  # selection order: key 0, then 1, then 2
     ns = np.array([[1, 2]])
-    band = np.full((1, 1, 2), 0.25)
-    counts, cells = fused.screen_counts(
-        x, w, v_norm, rank, ns, np.array([2]), band, np.ones((1, 1, 2)), np.zeros((1, 1)), cosine=False
+    s = np.ones((1, 1, 2))
+    absolute = np.full((1, 1, 2), absolute)
+    return fused.screen_counts(
+        x, w, v_norm, rank, ns, np.array([2]), coef, absolute, s, s, np.zeros((1, 1)), cosine=False
     )
-    # E: N=1: key 0 (selected) -1, key 1 1, key 2 0; N=2: key 0 -1, key 1 (selected) 0, key 2 4.
-    # Raw counts over all three keys (unselected keys are -inf in e_in, so they count below r_min)
-    assert counts[:, 0, 0].tolist() == [[0, 0], [0, 0], [3, 3], [3, 3]]
-    # flat [P, K, E, G] index k * 2 + g: near r_max the largest selected (key 0 for N=1, key 1 for
-    # N=2); near r_min the smallest unselected (key 2 for both)
-    assert cells[0].tolist() == [0, 3]
-    assert cells[1].tolist() == [4, 5]
-    assert cells[2].size == cells[3].size == 0
+
+
+def test_screen_counts_by_hand():
+    """E: N=1: key 0 (selected) -1, key 1 1, key 2 0; N=2: key 0 -1, key 1 (selected) 0, key 2 4."""
+    counts, cells = screen_by_hand(0.0, 0.25)  # every key's band 0.25
+    # N=1: no unselected key within r_max (E -1 +- 0.25), key 0 within r_min (its P -0.75 <= the
+    # unselected keys' smallest M -0.25); N=2: none within r_max, both selected within r_min
+    assert counts[:, 0, 0].tolist() == [[0, 0], [1, 2]]
+    # flat [P, K, E, G] index k * 2 + g: r_max's candidates the largest selected (key 0 for N=1,
+    # key 1 for N=2), r_min's the smallest unselected (key 2 for N=1 and N=2)
+    assert [c.tolist() for c in cells] == [[0, 3], [4, 5], [], []]
+    # a band per key: ||y|| (||y|| + 2 ||s||) is 3 for keys 0 and 1 and 8 for key 2. With coef 0.1,
+    # N=1: key 0 [-1.3, -0.7] selected, keys 1 [0.7, 1.3] and 2 [-0.8, 0.8] unselected: both are
+    # r_min's candidates, key 2 is undecided against r_max, key 0 against r_min (-0.7 > -0.8);
+    # N=2: keys 0 [-1.3, -0.7] and 1 [-0.3, 0.3] selected, key 2 [3.2, 4.8]: both surely within r_min
+    counts, cells = screen_by_hand(0.1, 0.0)
+    assert counts[:, 0, 0].tolist() == [[0, 0], [0, 2]]
+    assert [c.tolist() for c in cells] == [[0, 3], [2, 4, 5], [4], [0]]
+
+
+def test_a_key_of_wide_band_stays_a_candidate_for_r_max():
+    """Two selected keys: A (||y|| 1, E 0, band 0.3) and B (||y|| 2, E -0.5, band 0.8). B's E lies
+    below A's lower bound -0.3 but its upper bound 0.3 does not: B may be the farther, both are
+    measured."""
+    x = np.array([[[[0.5]], [[2.25]]]])  # [P=1, K=2, E=1, G=1]: E = ||y||^2 - 2 x
+    v_norm = np.array([[[1.0], [2.0]]])
+    s = np.ones((1, 1, 1))
+    counts, cells = fused.screen_counts(
+        x,
+        np.ones((1, 2, 1)),
+        v_norm,
+        np.array([[[0], [1]]]),
+        np.array([[2]]),
+        np.array([1]),
+        0.1,
+        np.zeros((1, 1, 1)),
+        s,
+        s,
+        np.zeros((1, 1)),
+        cosine=False,
+    )
+    assert [c.tolist() for c in cells] == [[0, 1], [], [], []]
+    assert counts[:, 0, 0].tolist() == [[0], [2]]  # nothing left out: both within r_min = inf
 
 
 def test_unknown_kernel_is_refused():

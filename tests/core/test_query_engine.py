@@ -286,3 +286,49 @@ def test_observer_rows_in_the_per_position_order() -> None:
             observers.MIN_QUERIES_FOR_BLOCKS = before
     pd.testing.assert_frame_equal(tables[0], tables[1], rtol=1e-12, atol=1e-15)
     assert tables[0].rank_by.tolist()[:2] == ["random", "random"]
+
+
+@st.composite
+def tiny_weight_layers(draw, distance: str):
+    """Rows that stress the screen's per-key band: a few loud keys and many of tiny weight (down to
+    ``e^-80``), near-ties among the tiny ones (a copy of a key's weight and value, moved by
+    ``2^-20 .. 2^-40``: within float32's rounding, not float64's), exact ties, a key ``2^40`` louder
+    than the rest, early keys ``2^-80`` smaller than later ones, grouped-query heads.
+
+    For the cosine only exact ties: a value moved along itself keeps its cosine distance, and the
+    reference's cosine rounds differently from the engine's direct one (a tie within float64 rounding).
+    """
+    n_keys = draw(st.integers(2, 10))
+    n_kv, per_kv = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2]))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    shape = (1, n_kv * per_kv, n_keys, n_keys)
+    values = torch.randn(1, n_keys, n_kv, 3, generator=g, dtype=torch.float64)
+    tiny = -draw(st.sampled_from([8.0, 20.0, 40.0, 80.0])) * torch.rand(shape, generator=g, dtype=torch.float64)
+    loud = torch.rand(shape, generator=g) < draw(st.sampled_from([0.1, 0.3]))
+    logits = torch.where(loud, 2 * torch.randn(shape, generator=g, dtype=torch.float64), tiny - 10)
+    causal = torch.ones(n_keys, n_keys, dtype=torch.bool).tril()
+    weights = torch.softmax(logits.masked_fill(~causal, -torch.inf), -1)
+    for _ in range(draw(st.integers(0, 3))):  # near-ties (or exact ones) of two keys
+        a, b = draw(st.integers(0, n_keys - 1)), draw(st.integers(0, n_keys - 1))
+        move = draw(st.sampled_from([0.0, 2.0**-20, 2.0**-30, 2.0**-40] if distance == "euclidean" else [0.0]))
+        values[:, b] = values[:, a] * (1 + move)
+        weights[..., b] = weights[..., a] * causal[:, b]
+    if draw(st.booleans()):
+        values[:, n_keys // 2] *= 2.0**40
+    if draw(st.booleans()):
+        values[:, : n_keys // 2] *= 2.0**-80
+    return weights, values
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from(["euclidean", "cosine"]).flatmap(lambda d: st.tuples(st.just(d), tiny_weight_layers(d))),
+    st.sampled_from([torch.float32, torch.float64]),
+    st.sampled_from(["numba", "torch"]),
+)
+def test_property_tiny_weights_and_near_ties_equal_reference(layer, dtype, kernel) -> None:
+    """The band of each key scales with its own contribution: the counts stay exact where most keys
+    carry almost nothing and their screening values sit within float32 rounding of each other."""
+    distance, (weights, values) = layer
+    positions = list(range(weights.shape[-1]))
+    assert_matches_reference(weights, values, positions, distance=distance, dtype=dtype, kernel=kernel)

@@ -2,14 +2,14 @@
 
 For every engine row ``e`` and size ``g`` of a block, the screening value of key ``i`` is
 ``E_i = ||y_i||^2 - 2 <y_i, s>`` (Euclidean) or ``1 - <y_i, s> / (||y_i|| ||s|| + eps)`` (cosine),
-from the block's one product ``x = <v_i, s>`` (definitions §2; docs/engine.md). The kernel reads
-``x`` twice per row (the extremes, then the counts) instead of the ~20 tensor passes of the
-pure-torch screen, and returns the same counts and the same keys to re-check in float64, in the
-order ``Tensor.nonzero`` gives them (row-major), so the torch code that measures those keys gives bit-identical
-radii. The arithmetic is that of the torch screen, operation by operation, in the screen's dtype.
+from the block's one product ``x = <v_i, s>`` (definitions §2), with a band of its own,
+``coef ||y_i|| (||y_i|| + 2 ||s||) + absolute`` (docs/engine.md derives it). The kernel reads ``x``
+twice per row (the extremes of ``E -+ band``, then the counts) and returns the keys surely within each
+radius and the keys to measure in float64, in the order ``Tensor.nonzero`` gives them (row-major).
+The arithmetic of ``E`` is that of the torch screen, operation by operation, in the screen's dtype.
 
-Example: ``screen_counts(x, w, v_norm, rank, ns, q, band, s_norm, eps, cosine=False)`` for the
-``[P, K, E, G]`` products ``x`` of a block.
+Example: ``screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_screen, s_norm, eps,
+cosine=False)`` for the ``[P, K, E, G]`` products ``x`` of a block.
 """
 
 from __future__ import annotations
@@ -32,86 +32,82 @@ AVAILABLE = numba is not None
 KERNELS = ("numba", "torch")
 
 
-def _value(x, wk, y_len, s_norm, eps, padding, one, inf, cosine):  # pragma: no cover - compiled
-    """``E`` of one key and size, as the torch screen forms it (same operations, same dtype)."""
+def _value(x, wk, y_len, s_norm, eps, one, cosine):  # pragma: no cover - compiled
+    """``E`` of one real key and size, as the torch screen forms it (same operations, same dtype)."""
     if cosine:
-        if padding:
-            return inf
         denominator = y_len * s_norm + eps
         return one - (wk * x) / denominator if denominator > 0 else one
-    sq = inf if padding else y_len * y_len
-    return sq - (wk + wk) * x  # torch.addcmul(sq, w, x, value=-2)
+    return y_len * y_len - (wk + wk) * x  # torch.addcmul(sq, w, x, value=-2)
 
 
-def _keep(cells, n_cells, flat, near_max, near_min, band_out, band_in):  # pragma: no cover - compiled
-    """Append ``flat`` to the lists of cells it belongs to (counted beyond the capacity too)."""
-    for c, hit in enumerate((near_max, near_min, band_out, band_in)):
-        if hit:
-            if n_cells[c] < cells.shape[1]:
-                cells[c, n_cells[c]] = flat
-            n_cells[c] += 1
+def _keep(cells, n_cells, c, flat):  # pragma: no cover - compiled
+    """Append ``flat`` to the list ``c`` of ``cells`` (a larger copy when it is full); the cells."""
+    if n_cells[c] == cells.shape[1]:
+        larger = np.empty((cells.shape[0], 2 * cells.shape[1]), dtype=cells.dtype)
+        larger[:, : cells.shape[1]] = cells
+        cells = larger
+    cells[c, n_cells[c]] = flat
+    n_cells[c] += 1
+    return cells
 
 
-def _screen_counts(x, w, v_norm, rank, ns, q, band, s_norm, eps, consts, cosine, counts, cells):  # pragma: no cover
-    # counts [4, P, E, G]: out_lo, out_hi, in_lo, in_hi; cells [4, capacity]: flat [P, K, E, G] indices
-    # of the keys near r_max, near r_min, in K_out's band, in K_in's band, in order (as many as fit)
+def _screen_counts(
+    x, w, v_norm, rank, ns, q, coef, absolute, s_screen, s_norm, eps, one, cosine, counts, cells
+):  # pragma: no cover
+    # counts [2, P, E, G]: the unselected keys surely within r_max, the selected surely within r_min;
+    # cells [4, capacity]: flat [P, K, E, G] indices of r_max's candidates, r_min's candidates, the
+    # unselected keys undecided against r_max and the selected undecided against r_min, in order
     n_groups, n_keys, n_rows, n_sizes = x.shape
-    dtype = band.dtype
-    one, inf = consts[0], consts[1]  # in the screen's dtype: float32 arithmetic stays float32
     n_cells = np.zeros(4, dtype=np.int64)
-    e_max, e_min = np.empty((n_rows, n_sizes), dtype=dtype), np.empty((n_rows, n_sizes), dtype=dtype)
-    lo_max, hi_max = np.empty((n_rows, n_sizes), dtype=dtype), np.empty((n_rows, n_sizes), dtype=dtype)
-    lo_min, hi_min = np.empty((n_rows, n_sizes), dtype=dtype), np.empty((n_rows, n_sizes), dtype=dtype)
+    m_max, p_max = np.empty((n_rows, n_sizes)), np.empty((n_rows, n_sizes))
+    m_min, p_min = np.empty((n_rows, n_sizes)), np.empty((n_rows, n_sizes))
     for p in range(n_groups):
-        e_max[:], e_min[:] = -inf, inf
-        for k in range(n_keys):  # the extremes: amax of e_in, amin of e_out (NaN wins)
+        m_max[:], p_max[:], m_min[:], p_min[:] = -np.inf, -np.inf, np.inf, np.inf
+        for k in range(n_keys):  # the extremes of the bounds M = E - band, P = E + band
             for r in range(n_rows):
-                wk, rk, padding = w[p, k, r], rank[p, k, r], k > q[r]
+                if k > q[r]:  # padding
+                    continue
+                wk, rk = w[p, k, r], rank[p, k, r]
                 y_len = wk * v_norm[p, k, r]
+                y = np.float64(wk) * np.float64(v_norm[p, k, r])
                 for g in range(n_sizes):
-                    e = _value(x[p, k, r, g], wk, y_len, s_norm[p, r, g], eps[p, r], padding, one, inf, cosine)
+                    e = np.float64(_value(x[p, k, r, g], wk, y_len, s_screen[p, r, g], eps[p, r], one, cosine))
+                    s = s_norm[p, r, g]
+                    band = coef * (y * (y + s + s)) + absolute[p, r, g]
                     if rk < ns[r, g]:
-                        if e > e_max[r, g] or e != e:
-                            e_max[r, g] = e
-                    elif e < e_min[r, g] or e != e:
-                        e_min[r, g] = e
-        for r in range(n_rows):  # the thresholds of query_engine._Screen.counts
-            for g in range(n_sizes):
-                b = band[p, r, g]
-                lo_max[r, g], hi_max[r, g] = e_max[r, g] - b, e_max[r, g] + b
-                if q[r] + 1 > ns[r, g]:
-                    lo_min[r, g], hi_min[r, g] = e_min[r, g] - b, e_min[r, g] + b
-                else:
-                    lo_min[r, g], hi_min[r, g] = inf, -inf
+                        m_max[r, g] = max(m_max[r, g], e - band)
+                        p_max[r, g] = max(p_max[r, g], e + band)
+                    else:
+                        m_min[r, g] = min(m_min[r, g], e - band)
+                        p_min[r, g] = min(p_min[r, g], e + band)
         for k in range(n_keys):  # the counts, and the keys to measure
             for r in range(n_rows):
-                wk, rk, padding = w[p, k, r], rank[p, k, r], k > q[r]
+                if k > q[r]:
+                    continue
+                wk, rk = w[p, k, r], rank[p, k, r]
                 y_len = wk * v_norm[p, k, r]
+                y = np.float64(wk) * np.float64(v_norm[p, k, r])
                 for g in range(n_sizes):
-                    e = _value(x[p, k, r, g], wk, y_len, s_norm[p, r, g], eps[p, r], padding, one, inf, cosine)
+                    e = np.float64(_value(x[p, k, r, g], wk, y_len, s_screen[p, r, g], eps[p, r], one, cosine))
+                    s = s_norm[p, r, g]
+                    band = coef * (y * (y + s + s)) + absolute[p, r, g]
+                    lo, hi = e - band, e + band
+                    flat = ((p * n_keys + k) * n_rows + r) * n_sizes + g
                     if rk < ns[r, g]:
-                        e_in, e_out = e, inf
+                        if hi >= m_max[r, g]:  # may be the farthest selected key
+                            cells = _keep(cells, n_cells, 0, flat)
+                        if hi <= m_min[r, g]:
+                            counts[1, p, r, g] += 1
+                        elif lo <= p_min[r, g]:  # rare: a few keys per row
+                            cells = _keep(cells, n_cells, 3, flat)
                     else:
-                        e_in, e_out = -inf, e
-                    counts[0, p, r, g] += e_out < lo_max[r, g]
-                    counts[1, p, r, g] += e_out <= hi_max[r, g]
-                    counts[2, p, r, g] += e_in < lo_min[r, g]
-                    counts[3, p, r, g] += e_in <= hi_min[r, g]
-                    near_max = e_in >= lo_max[r, g]
-                    near_min = e_out <= hi_min[r, g]
-                    band_out = e_out >= lo_max[r, g] and e_out <= hi_max[r, g]
-                    band_in = e_in >= lo_min[r, g] and e_in <= hi_min[r, g]
-                    if near_max or near_min or band_out or band_in:  # rare: a few keys per row
-                        _keep(
-                            cells,
-                            n_cells,
-                            ((p * n_keys + k) * n_rows + r) * n_sizes + g,
-                            near_max,
-                            near_min,
-                            band_out,
-                            band_in,
-                        )
-    return n_cells
+                        if lo <= p_min[r, g]:  # may be the nearest unselected key
+                            cells = _keep(cells, n_cells, 1, flat)
+                        if hi <= m_max[r, g]:
+                            counts[0, p, r, g] += 1
+                        elif lo <= p_max[r, g]:
+                            cells = _keep(cells, n_cells, 2, flat)
+    return n_cells, cells
 
 
 def _prefix_sums(v, order, factor, at, by_size, last, centers, z):  # pragma: no cover - compiled
@@ -151,7 +147,9 @@ def screen_counts(
     rank: np.ndarray,
     ns: np.ndarray,
     q: np.ndarray,
-    band: np.ndarray,
+    coef: float,
+    absolute: np.ndarray,
+    s_screen: np.ndarray,
     s_norm: np.ndarray,
     eps: np.ndarray,
     *,
@@ -159,12 +157,17 @@ def screen_counts(
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """The counts and re-check cells of one block's screen, in one pass over its keys (twice).
 
+    Key ``i`` of row ``e`` and size ``g`` has the screening value ``E`` and the band
+    ``coef ||y_i|| (||y_i|| + 2 ||s||) + absolute`` (``||y_i|| = w v_norm``): the float64 value
+    ``D_i^2 - ||s||^2`` of its direct distance (Euclidean; ``D_i - 1`` for the cosine) lies in
+    ``[M, P] = [E - band, E + band]`` (docs/engine.md).
+
     Parameters
     ----------
     x : [P, K, E, G] screen dtype
         ``<v_i, s(N)>`` of every group, key, engine row and size, in the rows' scale.
     w : [P, K, E] screen dtype
-        The rows' scaled weights (0 at padding keys).
+        The rows' scaled weights.
     v_norm : [P, K, E] screen dtype
         ``||v_i||`` in each row's scale.
     rank : [P, K, E] int64
@@ -172,11 +175,15 @@ def screen_counts(
     ns : [E, G] int64
         The sizes of each row.
     q : [E] int64
-        Each row's last key (keys after it are padding).
-    band : [P, E, G] screen dtype
-        The half-width of the uncertain band (errors of the screen below ``band / 2``).
-    s_norm : [P, E, G] screen dtype
-        ``||s||`` (cosine only; any array of the shape otherwise).
+        Each row's last key (keys after it are padding, never read).
+    coef : float
+        The band's coefficient of ``||y_i|| (||y_i|| + 2 ||s||)`` (0 for the cosine).
+    absolute : [P, E, G] float64
+        The band's part common to every key of a row and size (``+inf``: decide every key directly).
+    s_screen : [P, E, G] screen dtype
+        ``||s||`` in the screen's dtype (the cosine's denominator).
+    s_norm : [P, E, G] float64
+        ``||s||`` (the band).
     eps : [P, E] screen dtype
         The cosine constant at the rows' scale (cosine only).
     cosine : bool
@@ -184,26 +191,22 @@ def screen_counts(
 
     Returns
     -------
-    counts : [4, P, E, G] int64
-        ``#(e_out < r_max - band)``, ``#(e_out <= r_max + band)``, ``#(e_in < r_min - band)`` and
-        ``#(e_in <= r_min + band)`` over every key (unselected keys are ``-inf`` in ``e_in``, selected
-        ones ``+inf`` in ``e_out``), as the torch screen counts them.
+    counts : [2, P, E, G] int64
+        The unselected keys surely within ``r_max`` (``P <= max M`` over the selected keys) and the
+        selected keys surely within ``r_min`` (``P <= min M`` over the unselected ones).
     cells : four int64 arrays of flat ``[P, K, E, G]`` indices, sorted
-        The keys near the largest selected value (``r_max``'s candidates), near the smallest
-        unselected one (``r_min``'s), and the cells inside the bands of ``K_out`` and ``K_in``.
+        The candidates for ``r_max`` (selected, ``P >= max M``) and for ``r_min`` (unselected,
+        ``M <= min P``), and the keys neither surely within nor surely beyond ``r_max``
+        (unselected) and ``r_min`` (selected).
     """
     if _compiled is None:  # pragma: no cover
         raise RuntimeError("the fused kernel needs numba: pip install numba, or use kernel='torch'")
-    consts = np.array([1.0, np.inf], dtype=band.dtype)
-    counts = np.zeros((4, *band.shape), dtype=np.int64)
-    capacity = 2 * band.size + 256  # usually enough: about one key near each extreme
-    while True:
-        cells = np.empty((4, capacity), dtype=np.int64)
-        n_cells = _compiled(x, w, v_norm, rank, ns, q, band, s_norm, eps, consts, cosine, counts, cells)
-        if n_cells.max() <= capacity:
-            break
-        counts[:] = 0
-        capacity = int(n_cells.max())
+    one = np.ones((), dtype=x.dtype)[()]  # in the screen's dtype: float32 arithmetic stays float32
+    counts = np.zeros((2, *absolute.shape), dtype=np.int64)
+    cells = np.empty((4, 2 * absolute.size + 256), dtype=np.int64)  # usually enough; grown if not
+    n_cells, cells = _compiled(
+        x, w, v_norm, rank, ns, q, float(coef), absolute, s_screen, s_norm, eps, one, cosine, counts, cells
+    )
     return counts, [cells[c, : n_cells[c]] for c in range(4)]
 
 

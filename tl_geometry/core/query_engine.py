@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import einops
 import torch
@@ -492,12 +493,13 @@ class _BlockRows:
 @dataclass
 class _Screen:
     """Counts and radii of one block, screened in ``dtype`` from one value product per group and
-    decided in float64 (the scheme of ``tl_geometry.core.separability``; see the module docstring).
+    decided in float64 (docs/engine.md, "Every query position at once").
 
-    ``e[p, i, e, g]`` is ``E_i`` (Euclidean, ``D_i^2 - ||s||^2``) or the cosine distance of key
-    ``i`` for engine row ``e`` and size ``g``; its error and that of the direct float64 distance
-    are below ``band / 2``. Padding keys (``i > q``) are never selected; they get ``+inf`` among
-    the unselected keys.
+    ``E`` of key ``i``, engine row ``e`` and size ``g`` is ``||y_i||^2 - 2 <y_i, s>`` (Euclidean) or
+    the cosine distance minus 1, and the float64 value of its direct distance (``D_i^2 - ||s||^2``,
+    or ``D_i - 1``) lies within ``band = coef ||y_i|| (||y_i|| + 2 ||s||) + absolute[p, e, g]`` of
+    it: a band per key, so that the many keys of tiny weight get tiny bands. Padding keys
+    (``i > q``) are never selected and never counted.
     """
 
     rows: _BlockRows
@@ -508,12 +510,10 @@ class _Screen:
     rank: Tensor  # [P, E, K]
     centers: Tensor  # [P, E, G, d] float64, scaled
     eps: Tensor  # [P, E] the cosine constant at the rows' scale
-    band: Tensor  # [P, E, G] dtype
-    # the torch screen: E at the selected keys (-inf elsewhere), at the unselected real keys (+inf
-    # elsewhere), [P, K, E, G] dtype; the fused kernel instead: its inputs (fused.screen_counts)
-    e_in: Tensor | None = None
-    e_out: Tensor | None = None
-    fused_inputs: tuple[Tensor, ...] | None = None
+    # the fused kernel's inputs (fused.screen_counts), or the torch screen's bounds M = E - band and
+    # P = E + band [P, K, E, G] float64 with the selected and the unselected real keys [P, K, E, G]
+    fused_inputs: dict[str, Any] | None = None
+    bounds: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
 
     @classmethod
     def of(
@@ -538,123 +538,85 @@ class _Screen:
         s_scaled = torch.where(screened[..., None, None], times_pow2(centers, gap[..., None, None]), 0.0)
         x = torch.bmm(rows.v_block.to(dtype), einops.rearrange(s_scaled.to(dtype), "p e n d -> p d (e n)"))
         x = x.view(n_groups, n_keys, n_rows, n_sizes)  # <v_i, s> in the rows' scale
-        w_t = einops.rearrange(w_rows, "p e k -> p k e 1").to(dtype)
-        padding = torch.arange(n_keys, device=rank.device)[:, None] > q  # [K, E]
         # ||v_i|| in each row's scale, from the block's values (no overflow): [P, K, E] float64
         # (0 for the rows not screened: their screening values are 0, every key is decided directly)
         v_norm = times_pow2(torch.linalg.vector_norm(rows.v_block, dim=-1)[:, :, None], gap[:, None, :])
         v_norm = torch.where(screened[:, None, :], v_norm, 0.0)
         s_norm = torch.linalg.vector_norm(centers, dim=-1)  # [P, E, G] float64
-        y_max = (w_rows * einops.rearrange(v_norm, "p k e -> p e k")).amax(dim=-1)  # [P, E]
-        unit = (dim + 8) * (torch.finfo(dtype).eps + torch.finfo(torch.float64).eps)
+        coef, absolute = _band(dim, dtype, p.distance, s_norm, gap, screened)
         eps = COSINE_EPS * pow2(-2 * (weight_exp + value_exp))
-        if p.distance == "euclidean":
-            band = 2 * unit * (y_max[..., None] + s_norm) ** 2
-        else:
-            band = torch.full_like(s_norm, 2 * unit)
-        # a key's rounding floor when the block's values are finer than the row's (subnormals)
-        floor = 4 * dim * dim * torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps * pow2(gap)
-        band = band + floor[..., None]
-        huge = torch.finfo(dtype).max / 64
-        band = torch.where(screened[..., None], band.clamp(max=huge), huge).to(dtype)
-        screen = cls(rows, w_rows, value_exp, ns, q, rank, centers, eps, band)
+        screen = cls(rows, w_rows, value_exp, ns, q, rank, centers, eps)
+        as_keys = "p e k -> p k e"
+        w_keys, v_keys = einops.rearrange(w_rows, as_keys).to(dtype), v_norm.to(dtype)
         if p.kernel == "numba":  # one compiled pass over the keys decides from x (fused.py)
-            as_keys = "p e k -> p k e"
-            screen.fused_inputs = (
-                x,
-                einops.rearrange(w_rows, as_keys).to(dtype).contiguous(),
-                v_norm.to(dtype).contiguous(),
-                einops.rearrange(rank, as_keys).contiguous(),
-                s_norm.to(dtype).contiguous(),
-                eps.to(dtype).contiguous(),
-            )
+            screen.fused_inputs = {
+                "x": x.numpy(),
+                "w": w_keys.contiguous().numpy(),
+                "v_norm": v_keys.contiguous().numpy(),
+                "rank": einops.rearrange(rank, as_keys).contiguous().numpy(),
+                "ns": ns.contiguous().numpy(),
+                "q": q.contiguous().numpy(),
+                "coef": coef,
+                "absolute": absolute.contiguous().numpy(),
+                "s_screen": s_norm.to(dtype).contiguous().numpy(),
+                "s_norm": s_norm.contiguous().numpy(),
+                "eps": eps.to(dtype).contiguous().numpy(),
+            }
             return screen
+        w_t, v_t = w_keys[..., None], v_keys[..., None]  # [P, K, E, 1]
         if p.distance == "euclidean":
-            sq = (w_t * v_norm[..., None].to(dtype)) ** 2
-            sq.masked_fill_(padding[None, :, :, None], torch.inf)  # padding keys: +inf, never counted
-            e = torch.addcmul(sq, w_t, x, value=-2)  # ||y||^2 - 2 <y, s>
+            e = torch.addcmul((w_t * v_t) ** 2, w_t, x, value=-2)  # ||y||^2 - 2 <y, s>
         else:
-            y_len = w_t * v_norm[..., None].to(dtype)
+            y_len = w_t * v_t
             denominator = y_len * einops.rearrange(s_norm, "p e n -> p 1 e n").to(dtype)
             denominator = denominator + einops.rearrange(eps, "p e -> p 1 e 1").to(dtype)
-            dot = w_t * x
-            e = 1 - torch.where(denominator > 0, dot / denominator, 0.0)
-            e.masked_fill_(padding[None, :, :, None], torch.inf)
+            e = 1 - torch.where(denominator > 0, (w_t * x) / denominator, 0.0)
+        y = w_t.double() * v_t.double()
+        band = coef * (y * (y + 2 * einops.rearrange(s_norm, "p e n -> p 1 e n")))
+        band = band + einops.rearrange(absolute, "p e n -> p 1 e n")
+        e = e.double()
+        real = torch.arange(n_keys, device=rank.device)[:, None] <= q  # [K, E]
         inside = einops.rearrange(rank, "p e k -> p k e 1") < ns  # [P, K, E, G]
-        screen.e_in = torch.where(inside, e, -torch.inf)
-        screen.e_out = e.masked_fill_(inside, torch.inf)
+        screen.bounds = (e - band, e + band, inside, ~inside & real[None, :, :, None])
         return screen
 
     def counts(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``K_out``, ``K_in``, ``r_max``, ``r_min`` (scaled): four [P, E, G]."""
-        if self.fused_inputs is not None:
-            return self._fused_counts(*self.fused_inputs)
-        e_in, e_out, band = self.e_in, self.e_out, self.band
-        assert e_in is not None and e_out is not None
-        n_keys = e_in.shape[1]
-        has_out = (self.q[:, None] + 1) > self.ns  # [E, G]: some real key is left out
-        n_unselected = n_keys - self.ns  # keys at -inf in e_in (padding included), [E, G]
-        e_max, e_min = e_in.amax(dim=1), e_out.amin(dim=1)  # [P, E, G]; e_min = +inf without others
-        lo_max, hi_max = e_max - band, e_max + band
-        # nothing left out: r_min = +inf holds every selected key, and no key is near it
-        lo_min = torch.where(has_out, e_min - band, torch.inf)
-        hi_min = torch.where(has_out, e_min + band, -torch.inf)
-        # K_out: the others within r_max; K_in: the selected within r_min (e_in < t also counts the
-        # n_unselected keys at -inf); each certain outside the band
-        out_lo, out_hi = _count(e_out < lo_max[:, None]), _count(e_out <= hi_max[:, None])
-        in_lo = _count(e_in < lo_min[:, None]) - n_unselected
-        in_hi = torch.where(has_out, _count(e_in <= hi_min[:, None]) - n_unselected, in_lo)
-        # radii: direct distances at the extreme key and at every key near it (usually none)
-        shape = e_in.shape
-        r_max = self._extreme((e_in >= lo_max[:, None]).nonzero(as_tuple=True), shape, "amax")
-        # +inf where nothing is left out
-        r_min = self._extreme((e_out <= hi_min[:, None]).nonzero(as_tuple=True), shape, "amin")
-        k_out, k_in = out_lo, in_lo
-        unsure_out, unsure_in = out_lo != out_hi, in_lo != in_hi
-        if bool(unsure_out.any()):
-            cells = (e_out >= lo_max[:, None]) & (e_out <= hi_max[:, None]) & unsure_out[:, None]
-            k_out = k_out + self._within(cells.nonzero(as_tuple=True), shape, r_max)
-        if bool(unsure_in.any()):
-            cells = (e_in >= lo_min[:, None]) & (e_in <= hi_min[:, None]) & unsure_in[:, None]
-            k_in = k_in + self._within(cells.nonzero(as_tuple=True), shape, r_min)
-        return k_out, k_in, r_max, r_min
+        """``K_out``, ``K_in``, ``r_max``, ``r_min`` (scaled): four [P, E, G].
 
-    def _fused_counts(
-        self, x: Tensor, w: Tensor, v_norm: Tensor, rank: Tensor, s_norm: Tensor, eps: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """:meth:`counts` from :func:`tl_geometry.core.fused.screen_counts`: the same counts, and
-        the same keys measured by the same code (so the same radii)."""
-        shape = x.shape  # [P, K, E, G]
-        counts, flat = fused.screen_counts(
-            x.numpy(),
-            w.numpy(),
-            v_norm.numpy(),
-            rank.numpy(),
-            self.ns.contiguous().numpy(),
-            self.q.contiguous().numpy(),
-            self.band.numpy(),
-            s_norm.numpy(),
-            eps.numpy(),
-            cosine=self.rows.problem.distance == "cosine",
-        )
-        out_lo, out_hi, in_lo, in_hi = torch.from_numpy(counts)
-        has_out = (self.q[:, None] + 1) > self.ns  # [E, G]: some real key is left out
-        n_unselected = shape[1] - self.ns
-        in_lo = in_lo - n_unselected
-        in_hi = torch.where(has_out, in_hi - n_unselected, in_lo)
-        cells = [torch.unravel_index(torch.from_numpy(f), tuple(shape)) for f in flat]
+        With ``M = E - band`` and ``P = E + band`` (the direct value lies in ``[M, P]``): the
+        farthest selected key has ``P >= max M`` over the selected keys, the nearest unselected one
+        ``M <= min P`` over the unselected keys; the direct distances of those candidates give the
+        radii. An unselected key with ``P <= max M`` is surely within ``r_max``, one with ``M >
+        max P`` surely beyond; the same for the selected keys and ``r_min``; the others are measured.
+        """
+        if self.fused_inputs is not None:
+            counts, flat = fused.screen_counts(**self.fused_inputs, cosine=self.rows.problem.distance == "cosine")
+            shape = self.fused_inputs["x"].shape
+            k_out, k_in = torch.from_numpy(counts)
+            cells = [torch.unravel_index(torch.from_numpy(f), tuple(shape)) for f in flat]
+        else:
+            assert self.bounds is not None
+            lower, upper, inside, outside = self.bounds
+            shape = lower.shape
+            ninf = torch.tensor(-torch.inf, dtype=torch.float64, device=lower.device)
+            m_max, p_max = torch.where(inside, lower, ninf).amax(dim=1), torch.where(inside, upper, ninf).amax(dim=1)
+            m_min, p_min = (
+                torch.where(outside, lower, -ninf).amin(dim=1),
+                torch.where(outside, upper, -ninf).amin(dim=1),
+            )
+            m_max, p_max, m_min, p_min = (t[:, None] for t in (m_max, p_max, m_min, p_min))
+            k_out = _count(outside & (upper <= m_max))
+            k_in = _count(inside & (upper <= m_min))
+            masks = (
+                inside & (upper >= m_max),
+                outside & (lower <= p_min),
+                outside & (upper > m_max) & (lower <= p_max),
+                inside & (upper > m_min) & (lower <= p_min),
+            )
+            cells = [m.nonzero(as_tuple=True) for m in masks]
         r_max, r_min = self._extreme(cells[0], shape, "amax"), self._extreme(cells[1], shape, "amin")
-        k_out, k_in = out_lo, in_lo
-        for c, (unsure, radius) in enumerate(((out_lo != out_hi, r_max), (in_lo != in_hi, r_min))):
-            if not bool(unsure.any()):
-                continue
-            group, key, row, size = cells[2 + c]
-            keep = unsure[group, row, size]
-            within = self._within((group[keep], key[keep], row[keep], size[keep]), shape, radius)
-            if c == 0:
-                k_out = k_out + within
-            else:
-                k_in = k_in + within
+        k_out = k_out + self._within(cells[2], shape, r_max)
+        k_in = k_in + self._within(cells[3], shape, r_min)
         return k_out, k_in, r_max, r_min
 
     def _distances(self, group: Tensor, key: Tensor, row: Tensor, size: Tensor) -> Tensor:
@@ -688,6 +650,23 @@ class _Screen:
         n_groups, _, n_rows, n_sizes = shape
         out = torch.zeros(n_groups * n_rows * n_sizes, dtype=torch.int64, device=group.device)
         return out.index_add_(0, (group * n_rows + row) * n_sizes + size, hits).view(n_groups, n_rows, n_sizes)
+
+
+def _band(
+    dim: int, dtype: torch.dtype, distance: str, s_norm: Tensor, gap: Tensor, screened: Tensor
+) -> tuple[float, Tensor]:
+    """The band of the screen (docs/engine.md): its per-key coefficient and its [P, E, G] float64 part
+    common to a row and size (``+inf`` for the rows not screened)."""
+    unit, unit64 = torch.finfo(dtype).eps / 2, torch.finfo(torch.float64).eps / 2
+    # a key's rounding floor when the block's values are finer than the row's (subnormals)
+    floor = 4 * dim * dim * torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps * pow2(gap)
+    if distance == "euclidean":  # twice the rounding of the screen and of the direct distance
+        coef = 2 * ((dim + 16) * unit + (2 * dim + 24) * unit64)
+        absolute = 2 * (2 * dim + 24) * unit64 * s_norm * s_norm + floor[..., None]
+    else:
+        coef = 0.0
+        absolute = (2 * (dim + 8) * (2 * unit + 2 * unit64) + floor)[..., None].expand_as(s_norm)
+    return coef, torch.where(screened[..., None], absolute, torch.inf)
 
 
 def _count(mask: Tensor) -> Tensor:
