@@ -97,9 +97,7 @@ def screen_by_hand(coef: float, absolute: float):
     ns = np.array([[1, 2]])
     s = np.ones((1, 1, 2))
     absolute = np.full((1, 1, 2), absolute)
-    return fused.screen_counts(
-        x, w, v_norm, rank, ns, np.array([2]), coef, absolute, s, s, np.zeros((1, 1)), cosine=False
-    )
+    return fused.screen_counts(x, w, v_norm, rank, ns, np.array([2]), coef, absolute, s, given=False)
 
 
 def test_screen_counts_by_hand():
@@ -137,9 +135,7 @@ def test_a_key_of_wide_band_stays_a_candidate_for_r_max():
         0.1,
         np.zeros((1, 1, 1)),
         s,
-        s,
-        np.zeros((1, 1)),
-        cosine=False,
+        given=False,
     )
     assert [c.tolist() for c in cells] == [[0, 1], [], [], []]
     assert counts[:, 0, 0].tolist() == [[0], [2]]  # nothing left out: both within r_min = inf
@@ -149,3 +145,20 @@ def test_unknown_kernel_is_refused():
     weights, values = layer_rows("softmax", 4)
     with pytest.raises(InputError, match="kernel must be one of"):
         separability_queries(weights, values, list(range(4)), kv_heads(4, 2), kernel="cuda")
+
+
+def test_sizes_out_of_order_are_refused():
+    """The kernel splits each key's sizes at the first that selects it: the sizes must be sorted."""
+    with pytest.raises(ValueError, match="non-decreasing"):
+        fused.screen_counts(
+            np.zeros((1, 1, 1, 2)),
+            np.ones((1, 1, 1)),
+            np.ones((1, 1, 1)),
+            np.zeros((1, 1, 1), dtype=np.int64),
+            np.array([[2, 1]]),
+            np.array([1]),
+            0.0,
+            np.zeros((1, 1, 2)),
+            np.ones((1, 1, 2)),
+            given=False,
+        )

@@ -332,3 +332,10 @@ def test_property_tiny_weights_and_near_ties_equal_reference(layer, dtype, kerne
     distance, (weights, values) = layer
     positions = list(range(weights.shape[-1]))
     assert_matches_reference(weights, values, positions, distance=distance, dtype=dtype, kernel=kernel)
+
+
+def test_sizes_in_any_order_equal_reference() -> None:
+    """The engine sorts each grid for the screen and puts the results back in the given order."""
+    weights, values = layer_rows("sink", 7, seed=11)
+    positions = [3, 6, 4]
+    assert_matches_reference(weights[:, :, positions], values, positions, ns=[4, 1, 3, 3, 2])

@@ -8,8 +8,8 @@ twice per row (the extremes of ``E -+ band``, then the counts) and returns the k
 radius and the keys to measure in float64, in the order ``Tensor.nonzero`` gives them (row-major).
 The arithmetic of ``E`` is that of the torch screen, operation by operation, in the screen's dtype.
 
-Example: ``screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_screen, s_norm, eps,
-cosine=False)`` for the ``[P, K, E, G]`` products ``x`` of a block.
+Example: ``screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, given=False)`` for the
+``[P, K, E, G]`` products ``x`` of a block.
 """
 
 from __future__ import annotations
@@ -32,81 +32,101 @@ AVAILABLE = numba is not None
 KERNELS = ("numba", "torch")
 
 
-def _value(x, wk, y_len, s_norm, eps, one, cosine):  # pragma: no cover - compiled
-    """``E`` of one real key and size, as the torch screen forms it (same operations, same dtype)."""
-    if cosine:
-        denominator = y_len * s_norm + eps
-        return one - (wk * x) / denominator if denominator > 0 else one
-    return y_len * y_len - (wk + wk) * x  # torch.addcmul(sq, w, x, value=-2)
+def _bounds(x, w, v_norm, rank, ns, coef, absolute, s_norm, one, given, p, k, r, e, band):  # pragma: no cover
+    """``E`` (in the screen's dtype, as the torch screen forms it) and the band of key ``k`` of row
+    ``r`` at every size, into ``e`` and ``band``; returns the first size that selects the key."""
+    wk = w[p, k, r]
+    y_len = wk * v_norm[p, k, r]
+    xs = x[p, k, r]
+    if given:  # x holds E itself (the cosine's): E = 0 - (-1) x, exactly
+        sq, w2 = one - one, -one
+    else:
+        sq, w2 = y_len * y_len, wk + wk
+    for g in range(xs.shape[0]):
+        e[g] = sq - w2 * xs[g]  # torch.addcmul(sq, w, x, value=-2)
+    y = np.float64(wk) * np.float64(v_norm[p, k, r])
+    cy2, cy = coef * (y * y), 2 * coef * y
+    s_row, absolute_row = s_norm[p, r], absolute[p, r]
+    for g in range(xs.shape[0]):
+        band[g] = cy2 + cy * s_row[g] + absolute_row[g]
+    return np.searchsorted(ns[r], rank[p, k, r], side="right")  # the sizes are non-decreasing
 
 
-def _keep(cells, n_cells, c, flat):  # pragma: no cover - compiled
-    """Append ``flat`` to the list ``c`` of ``cells`` (a larger copy when it is full); the cells."""
-    if n_cells[c] == cells.shape[1]:
-        larger = np.empty((cells.shape[0], 2 * cells.shape[1]), dtype=cells.dtype)
-        larger[:, : cells.shape[1]] = cells
-        cells = larger
-    cells[c, n_cells[c]] = flat
-    n_cells[c] += 1
-    return cells
+def _grow(cells):  # pragma: no cover - compiled
+    """``cells`` in an array twice as wide."""
+    larger = np.empty((cells.shape[0], 2 * cells.shape[1]), dtype=cells.dtype)
+    larger[:, : cells.shape[1]] = cells
+    return larger
 
 
-def _screen_counts(
-    x, w, v_norm, rank, ns, q, coef, absolute, s_screen, s_norm, eps, one, cosine, counts, cells
-):  # pragma: no cover
+def _screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, one, given, counts, cells):  # pragma: no cover
     # counts [2, P, E, G]: the unselected keys surely within r_max, the selected surely within r_min;
     # cells [4, capacity]: flat [P, K, E, G] indices of r_max's candidates, r_min's candidates, the
-    # unselected keys undecided against r_max and the selected undecided against r_min, in order
+    # unselected keys undecided against r_max and the selected undecided against r_min, in order.
+    # Key k of row r is selected at the sizes g >= first (ns[r] is non-decreasing): two plain loops
+    # over the sizes instead of a branch per cell.
     n_groups, n_keys, n_rows, n_sizes = x.shape
     n_cells = np.zeros(4, dtype=np.int64)
     m_max, p_max = np.empty((n_rows, n_sizes)), np.empty((n_rows, n_sizes))
     m_min, p_min = np.empty((n_rows, n_sizes)), np.empty((n_rows, n_sizes))
+    e, band = np.empty(n_sizes), np.empty(n_sizes)
     for p in range(n_groups):
         m_max[:], p_max[:], m_min[:], p_min[:] = -np.inf, -np.inf, np.inf, np.inf
         for k in range(n_keys):  # the extremes of the bounds M = E - band, P = E + band
             for r in range(n_rows):
                 if k > q[r]:  # padding
                     continue
-                wk, rk = w[p, k, r], rank[p, k, r]
-                y_len = wk * v_norm[p, k, r]
-                y = np.float64(wk) * np.float64(v_norm[p, k, r])
-                for g in range(n_sizes):
-                    e = np.float64(_value(x[p, k, r, g], wk, y_len, s_screen[p, r, g], eps[p, r], one, cosine))
-                    s = s_norm[p, r, g]
-                    band = coef * (y * (y + s + s)) + absolute[p, r, g]
-                    if rk < ns[r, g]:
-                        m_max[r, g] = max(m_max[r, g], e - band)
-                        p_max[r, g] = max(p_max[r, g], e + band)
-                    else:
-                        m_min[r, g] = min(m_min[r, g], e - band)
-                        p_min[r, g] = min(p_min[r, g], e + band)
+                first = _bounds(x, w, v_norm, rank, ns, coef, absolute, s_norm, one, given, p, k, r, e, band)
+                lo_min, hi_min, lo_max, hi_max = m_min[r], p_min[r], m_max[r], p_max[r]
+                for g in range(first):
+                    lo, hi = e[g] - band[g], e[g] + band[g]
+                    lo_min[g] = lo if lo < lo_min[g] else lo_min[g]
+                    hi_min[g] = hi if hi < hi_min[g] else hi_min[g]
+                for g in range(first, n_sizes):
+                    lo, hi = e[g] - band[g], e[g] + band[g]
+                    lo_max[g] = lo if lo > lo_max[g] else lo_max[g]
+                    hi_max[g] = hi if hi > hi_max[g] else hi_max[g]
         for k in range(n_keys):  # the counts, and the keys to measure
             for r in range(n_rows):
                 if k > q[r]:
                     continue
-                wk, rk = w[p, k, r], rank[p, k, r]
-                y_len = wk * v_norm[p, k, r]
-                y = np.float64(wk) * np.float64(v_norm[p, k, r])
-                for g in range(n_sizes):
-                    e = np.float64(_value(x[p, k, r, g], wk, y_len, s_screen[p, r, g], eps[p, r], one, cosine))
-                    s = s_norm[p, r, g]
-                    band = coef * (y * (y + s + s)) + absolute[p, r, g]
-                    lo, hi = e - band, e + band
-                    flat = ((p * n_keys + k) * n_rows + r) * n_sizes + g
-                    if rk < ns[r, g]:
-                        if hi >= m_max[r, g]:  # may be the farthest selected key
-                            cells = _keep(cells, n_cells, 0, flat)
-                        if hi <= m_min[r, g]:
-                            counts[1, p, r, g] += 1
-                        elif lo <= p_min[r, g]:  # rare: a few keys per row
-                            cells = _keep(cells, n_cells, 3, flat)
+                first = _bounds(x, w, v_norm, rank, ns, coef, absolute, s_norm, one, given, p, k, r, e, band)
+                lo_min, hi_min, lo_max, hi_max = m_min[r], p_min[r], m_max[r], p_max[r]
+                within_max, within_min = counts[0, p, r], counts[1, p, r]
+                flagged = False
+                for g in range(first):  # unselected
+                    lo, hi = e[g] - band[g], e[g] + band[g]
+                    sure = hi <= lo_max[g]
+                    within_max[g] += sure
+                    flagged |= (lo <= hi_min[g]) | ((not sure) & (lo <= hi_max[g]))
+                for g in range(first, n_sizes):  # selected
+                    lo, hi = e[g] - band[g], e[g] + band[g]
+                    sure = hi <= lo_min[g]
+                    within_min[g] += sure
+                    flagged |= (hi >= lo_max[g]) | ((not sure) & (lo <= hi_min[g]))
+                if not flagged:  # most keys: nothing to measure
+                    continue
+                if n_cells.max() + n_sizes > cells.shape[1]:  # room for this key's cells
+                    cells = _grow(cells)
+                base = ((p * n_keys + k) * n_rows + r) * n_sizes
+                c0, c1, c2, c3 = n_cells[0], n_cells[1], n_cells[2], n_cells[3]
+                for g in range(n_sizes):  # in flat order
+                    lo, hi = e[g] - band[g], e[g] + band[g]
+                    if g >= first:
+                        if hi >= lo_max[g]:  # may be the farthest selected key
+                            cells[0, c0] = base + g
+                            c0 += 1
+                        if hi > lo_min[g] and lo <= hi_min[g]:
+                            cells[3, c3] = base + g
+                            c3 += 1
                     else:
-                        if lo <= p_min[r, g]:  # may be the nearest unselected key
-                            cells = _keep(cells, n_cells, 1, flat)
-                        if hi <= m_max[r, g]:
-                            counts[0, p, r, g] += 1
-                        elif lo <= p_max[r, g]:
-                            cells = _keep(cells, n_cells, 2, flat)
+                        if lo <= hi_min[g]:  # may be the nearest unselected key
+                            cells[1, c1] = base + g
+                            c1 += 1
+                        if hi > lo_max[g] and lo <= hi_max[g]:
+                            cells[2, c2] = base + g
+                            c2 += 1
+                n_cells[0], n_cells[1], n_cells[2], n_cells[3] = c0, c1, c2, c3
     return n_cells, cells
 
 
@@ -134,8 +154,8 @@ def _prefix_sums(v, order, factor, at, by_size, last, centers, z):  # pragma: no
 _compiled: Any = None
 _compiled_sums: Any = None
 if AVAILABLE:
-    _value = numba.njit(cache=True, inline="always")(_value)
-    _keep = numba.njit(cache=True, inline="never")(_keep)
+    _bounds = numba.njit(cache=True, inline="always")(_bounds)
+    _grow = numba.njit(cache=True, inline="never")(_grow)
     _compiled = numba.njit(cache=True, nogil=True)(_screen_counts)
     _compiled_sums = numba.njit(cache=True, nogil=True)(_prefix_sums)
 
@@ -149,11 +169,9 @@ def screen_counts(
     q: np.ndarray,
     coef: float,
     absolute: np.ndarray,
-    s_screen: np.ndarray,
     s_norm: np.ndarray,
-    eps: np.ndarray,
     *,
-    cosine: bool,
+    given: bool,
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """The counts and re-check cells of one block's screen, in one pass over its keys (twice).
 
@@ -165,7 +183,7 @@ def screen_counts(
     Parameters
     ----------
     x : [P, K, E, G] screen dtype
-        ``<v_i, s(N)>`` of every group, key, engine row and size, in the rows' scale.
+        ``<v_i, s(N)>`` of every group, key, engine row and size, in the rows' scale (or ``E``: ``given``).
     w : [P, K, E] screen dtype
         The rows' scaled weights.
     v_norm : [P, K, E] screen dtype
@@ -173,21 +191,18 @@ def screen_counts(
     rank : [P, K, E] int64
         Each key's place in its row's selection order.
     ns : [E, G] int64
-        The sizes of each row.
+        The sizes of each row, non-decreasing along each row.
     q : [E] int64
         Each row's last key (keys after it are padding, never read).
     coef : float
         The band's coefficient of ``||y_i|| (||y_i|| + 2 ||s||)`` (0 for the cosine).
     absolute : [P, E, G] float64
         The band's part common to every key of a row and size (``+inf``: decide every key directly).
-    s_screen : [P, E, G] screen dtype
-        ``||s||`` in the screen's dtype (the cosine's denominator).
     s_norm : [P, E, G] float64
         ``||s||`` (the band).
-    eps : [P, E] screen dtype
-        The cosine constant at the rows' scale (cosine only).
-    cosine : bool
-        The cosine distance (else the Euclidean one).
+    given : bool
+        ``x`` holds the screening values ``E`` themselves (the cosine's, formed by the caller) instead
+        of the products.
 
     Returns
     -------
@@ -201,12 +216,12 @@ def screen_counts(
     """
     if _compiled is None:  # pragma: no cover
         raise RuntimeError("the fused kernel needs numba: pip install numba, or use kernel='torch'")
+    if ns.shape[1] > 1 and bool((ns[:, 1:] < ns[:, :-1]).any()):
+        raise ValueError("screen_counts needs each row's sizes ns in non-decreasing order")
     one = np.ones((), dtype=x.dtype)[()]  # in the screen's dtype: float32 arithmetic stays float32
     counts = np.zeros((2, *absolute.shape), dtype=np.int64)
     cells = np.empty((4, 2 * absolute.size + 256), dtype=np.int64)  # usually enough; grown if not
-    n_cells, cells = _compiled(
-        x, w, v_norm, rank, ns, q, float(coef), absolute, s_screen, s_norm, eps, one, cosine, counts, cells
-    )
+    n_cells, cells = _compiled(x, w, v_norm, rank, ns, q, float(coef), absolute, s_norm, one, given, counts, cells)
     return counts, [cells[c, : n_cells[c]] for c in range(4)]
 
 

@@ -263,10 +263,16 @@ def _grouped(values: Tensor, kv_head_of: Tensor) -> tuple[Tensor, Tensor]:
 
 @dataclass(frozen=True)
 class _Grid:
-    """Each query's selection sizes, padded to the longest grid with ``N = K`` (valid = False)."""
+    """Each query's selection sizes, padded to the longest grid with ``N = K`` (valid = False).
+
+    The engine works on each grid sorted (``ascending``: the screen's kernel needs non-decreasing
+    sizes); ``unsort`` [query, G] puts a result back in the given order (None when every grid is
+    sorted already, as ``"log"`` and ``"all"`` are)."""
 
     ns: Tensor  # [query, G] int64
     valid: Tensor  # [query, G] bool
+    ascending: Tensor  # [query, G] int64
+    unsort: Tensor | None
 
     @classmethod
     def of(cls, ns: NsLike, queries: tuple[int, ...], device: torch.device) -> "_Grid":
@@ -275,7 +281,10 @@ class _Grid:
         else:
             key = tuple(int(n) for n in (ns.tolist() if hasattr(ns, "tolist") else ns))
         padded, valid = _grids(key, queries)  # every layer of a run asks for the same grids
-        return cls(padded.to(device), valid.to(device))
+        # stable: a valid N = K stays before the padding, so the valid sizes stay first
+        ascending, where = torch.sort(padded, dim=1, stable=True)
+        unsort = None if torch.equal(ascending, padded) else torch.argsort(where, dim=1).to(device)
+        return cls(padded.to(device), valid.to(device), ascending.to(device), unsort)
 
 
 @lru_cache(maxsize=16)
@@ -372,8 +381,11 @@ class _Problem:
         n_keys = int(q.max()) + 1
         rows = _BlockRows.of(self, block, q, n_keys)
         metrics = rows.metrics()
+        unsort = None if self.grid.unsort is None else self.grid.unsort[block]
         for name, x in metrics.items():  # x: [P, hg, Qb, draw, G] -> out [b, h, Q, draw, G]
             x = einops.rearrange(x, "(b g) j q r n -> b (g j) q r n", b=n_batch, g=n_kv)
+            if unsort is not None:  # the sizes in the given order (within the block's width)
+                x = torch.gather(x, -1, unsort[None, None, :, None, : x.shape[-1]].expand_as(x))
             out[name][:, :, block, :, : x.shape[-1]] = x
 
 
@@ -413,7 +425,9 @@ class _BlockRows:
         block_exp = value_exp.amax(dim=-1)
         v_block = times_pow2(v, -block_exp[:, None, None])
         order = cls._order(problem, block, q, w, v_block)
-        return cls(problem, q, problem.grid.ns[block, :width], w, v, weight_exp, value_exp, order, block_exp, v_block)
+        return cls(
+            problem, q, problem.grid.ascending[block, :width], w, v, weight_exp, value_exp, order, block_exp, v_block
+        )
 
     @staticmethod
     def _order(problem: _Problem, block: Tensor, q: Tensor, w: Tensor, v: Tensor) -> Tensor:
@@ -548,9 +562,14 @@ class _Screen:
         screen = cls(rows, w_rows, value_exp, ns, q, rank, centers, eps)
         as_keys = "p e k -> p k e"
         w_keys, v_keys = einops.rearrange(w_rows, as_keys).to(dtype), v_norm.to(dtype)
+        w_t, v_t = w_keys[..., None], v_keys[..., None]  # [P, K, E, 1]
+        if p.distance == "cosine":  # E = 1 - <y, s> / (||y|| ||s|| + eps), formed here for both kernels
+            denominator = (w_t * v_t) * einops.rearrange(s_norm, "p e n -> p 1 e n").to(dtype)
+            denominator = denominator + einops.rearrange(eps, "p e -> p 1 e 1").to(dtype)
+            x = 1 - torch.where(denominator > 0, (w_t * x) / denominator, 0.0)
         if p.kernel == "numba":  # one compiled pass over the keys decides from x (fused.py)
             screen.fused_inputs = {
-                "x": x.numpy(),
+                "x": x.contiguous().numpy(),
                 "w": w_keys.contiguous().numpy(),
                 "v_norm": v_keys.contiguous().numpy(),
                 "rank": einops.rearrange(rank, as_keys).contiguous().numpy(),
@@ -558,19 +577,11 @@ class _Screen:
                 "q": q.contiguous().numpy(),
                 "coef": coef,
                 "absolute": absolute.contiguous().numpy(),
-                "s_screen": s_norm.to(dtype).contiguous().numpy(),
                 "s_norm": s_norm.contiguous().numpy(),
-                "eps": eps.to(dtype).contiguous().numpy(),
+                "given": p.distance == "cosine",
             }
             return screen
-        w_t, v_t = w_keys[..., None], v_keys[..., None]  # [P, K, E, 1]
-        if p.distance == "euclidean":
-            e = torch.addcmul((w_t * v_t) ** 2, w_t, x, value=-2)  # ||y||^2 - 2 <y, s>
-        else:
-            y_len = w_t * v_t
-            denominator = y_len * einops.rearrange(s_norm, "p e n -> p 1 e n").to(dtype)
-            denominator = denominator + einops.rearrange(eps, "p e -> p 1 e 1").to(dtype)
-            e = 1 - torch.where(denominator > 0, (w_t * x) / denominator, 0.0)
+        e = torch.addcmul((w_t * v_t) ** 2, w_t, x, value=-2) if p.distance == "euclidean" else x
         y = w_t.double() * v_t.double()
         band = coef * (y * (y + 2 * einops.rearrange(s_norm, "p e n -> p 1 e n")))
         band = band + einops.rearrange(absolute, "p e n -> p 1 e n")
@@ -590,7 +601,7 @@ class _Screen:
         max P`` surely beyond; the same for the selected keys and ``r_min``; the others are measured.
         """
         if self.fused_inputs is not None:
-            counts, flat = fused.screen_counts(**self.fused_inputs, cosine=self.rows.problem.distance == "cosine")
+            counts, flat = fused.screen_counts(**self.fused_inputs)
             shape = self.fused_inputs["x"].shape
             k_out, k_in = torch.from_numpy(counts)
             cells = [torch.unravel_index(torch.from_numpy(f), tuple(shape)) for f in flat]
