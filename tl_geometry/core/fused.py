@@ -130,9 +130,9 @@ def _screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, one, given
     return n_cells, cells
 
 
-def _prefix_sums(v, order, factor, at, by_size, last, centers, z):  # pragma: no cover - compiled
-    """Running sums of ``v[order[k]] * factor[k]`` over ``k``, kept at the keys ``at`` (visited in the
-    order ``by_size``) and at ``last``: what ``cumsum`` then ``gather`` give, summed in the same order."""
+def _prefix_sums(v, order, factor, at, last, centers, z):  # pragma: no cover - compiled
+    """Running sums of ``v[order[k]] * factor[k]`` over ``k``, kept at the keys ``at`` (non-decreasing)
+    and at ``last``: what ``cumsum`` then ``gather`` give, summed in the same order."""
     n_groups, n_rows, n_keys = order.shape
     n_sizes, dim = at.shape[1], v.shape[2]
     acc = np.empty(dim, dtype=v.dtype)
@@ -144,11 +144,12 @@ def _prefix_sums(v, order, factor, at, by_size, last, centers, z):  # pragma: no
                 key, f = order[p, r, k], factor[p, r, k]
                 for j in range(dim):
                     acc[j] += v[p, key, j] * f
-                while g < n_sizes and at[r, by_size[r, g]] == k:
-                    centers[p, r, by_size[r, g]] = acc
+                while g < n_sizes and at[r, g] == k:
+                    centers[p, r, g] = acc
                     g += 1
-                if k == last[r]:
+                if k == last[r]:  # every size is at or before it (N <= K)
                     z[p, r, 0] = acc
+                    break
 
 
 _compiled: Any = None
@@ -237,7 +238,7 @@ def prefix_sums(v: Tensor, order: Tensor, factor: Tensor, at: Tensor, last: Tens
     factor : [P, E, K] float64
         Each row's weight of its ``k``-th selected key (the contribution is ``v[order[k]] * factor[k]``).
     at : [E, G] int64
-        ``N - 1`` of each row's sizes.
+        ``N - 1`` of each row's sizes, non-decreasing along each row, at most ``last``.
     last : [E] int64
         Each row's last real key (``K - 1``).
 
@@ -252,13 +253,13 @@ def prefix_sums(v: Tensor, order: Tensor, factor: Tensor, at: Tensor, last: Tens
     centers = torch.empty((n_groups, n_rows, at.shape[1], v.shape[2]), dtype=v.dtype)
     z = torch.empty((n_groups, n_rows, 1, v.shape[2]), dtype=v.dtype)
     at = at.contiguous()
-    by_size = torch.argsort(at, dim=1, stable=True)
+    if at.shape[1] > 1 and bool((at[:, 1:] < at[:, :-1]).any()):
+        raise ValueError("prefix_sums needs each row's sizes in non-decreasing order")
     _compiled_sums(
         v.contiguous().numpy(),
         order.contiguous().numpy(),
         factor.contiguous().numpy(),
         at.numpy(),
-        by_size.numpy(),
         last.contiguous().numpy(),
         centers.numpy(),
         z.numpy(),
