@@ -601,10 +601,10 @@ class _Screen:
         max P`` surely beyond; the same for the selected keys and ``r_min``; the others are measured.
         """
         if self.fused_inputs is not None:
-            counts, flat = fused.screen_counts(**self.fused_inputs)
+            counts, listed = fused.screen_counts(**self.fused_inputs)
             shape = self.fused_inputs["x"].shape
             k_out, k_in = torch.from_numpy(counts)
-            cells = [torch.unravel_index(torch.from_numpy(f), tuple(shape)) for f in flat]
+            cells = [torch.from_numpy(f) for f in listed]
         else:
             assert self.bounds is not None
             lower, upper, inside, outside = self.bounds
@@ -624,43 +624,53 @@ class _Screen:
                 outside & (upper > m_max) & (lower <= p_max),
                 inside & (upper > m_min) & (lower <= p_min),
             )
-            cells = [m.nonzero(as_tuple=True) for m in masks]
-        r_max, r_min = self._extreme(cells[0], shape, "amax"), self._extreme(cells[1], shape, "amin")
-        k_out = k_out + self._within(cells[2], shape, r_max)
-        k_in = k_in + self._within(cells[3], shape, r_min)
+            cells = [m.reshape(-1).nonzero().squeeze(1) for m in masks]
+        # every listed cell measured at once (one gather per block): where each lies in [P, E, G]
+        n_groups, n_keys, n_rows, n_sizes = shape
+        flat = torch.cat(cells)
+        size, rest = flat % n_sizes, flat // n_sizes
+        row, rest = rest % n_rows, rest // n_rows
+        key, group = rest % n_keys, rest // n_keys
+        where = (group * n_rows + row) * n_sizes + size
+        dist = self._distances(group, key, row, where).split([c.numel() for c in cells])
+        where_of = where.split([c.numel() for c in cells])
+        out_shape = (n_groups, n_rows, n_sizes)
+        r_max = _extreme(dist[0], where_of[0], out_shape, "amax")
+        r_min = _extreme(dist[1], where_of[1], out_shape, "amin")  # +inf where nothing is left out
+        k_out = k_out + _within(dist[2], where_of[2], r_max)
+        k_in = k_in + _within(dist[3], where_of[3], r_min)
         return k_out, k_in, r_max, r_min
 
-    def _distances(self, group: Tensor, key: Tensor, row: Tensor, size: Tensor) -> Tensor:
-        """Direct float64 distances of key ``key`` from ``s`` of (``row``, ``size``) in group ``group``."""
+    def _distances(self, group: Tensor, key: Tensor, row: Tensor, where: Tensor) -> Tensor:
+        """Direct float64 distances of key ``key`` of row ``row`` in group ``group`` from its centre
+        ``where`` (the flat [P, E, G] index of the row's size)."""
         n_groups, n_keys, dim = self.rows.v.shape
-        n_rows, n_sizes = self.centers.shape[1:3]
+        n_rows = self.centers.shape[1]
+        group_row = group * n_rows + row
         v = self.rows.v.reshape(-1, dim).index_select(0, group * n_keys + key)  # flat gathers: fast
-        v = times_pow2(v, -self.value_exp.reshape(-1).index_select(0, group * n_rows + row)[:, None])
-        y = self.w_rows.reshape(-1).index_select(0, (group * n_rows + row) * n_keys + key)[:, None] * v
-        s = self.centers.reshape(-1, dim).index_select(0, (group * n_rows + row) * n_sizes + size)
+        v = times_pow2(v, -self.value_exp.reshape(-1).index_select(0, group_row)[:, None])
+        y = self.w_rows.reshape(-1).index_select(0, group_row * n_keys + key)[:, None] * v
+        s = self.centers.reshape(-1, dim).index_select(0, where)
         if self.rows.problem.distance == "euclidean":
             return torch.linalg.vector_norm(y - s, dim=-1)
         dot = einops.einsum(y, s, "c d, c d -> c")
         norm_y, norm_s = torch.linalg.vector_norm(y, dim=-1), torch.linalg.vector_norm(s, dim=-1)
-        return cosine_distance(dot, norm_y, norm_s, self.eps[group, row])
+        return cosine_distance(dot, norm_y, norm_s, self.eps.reshape(-1).index_select(0, group_row))
 
-    def _extreme(self, cells: tuple[Tensor, ...], shape: torch.Size, reduce: str) -> Tensor:
-        """Max / min direct distance over the keys ``cells`` (indices of [P, K, E, G]): [P, E, G]."""
-        group, key, row, size = cells
-        dist = self._distances(group, key, row, size)
-        n_groups, _, n_rows, n_sizes = shape
-        fill = -torch.inf if reduce == "amax" else torch.inf
-        out = torch.full((n_groups * n_rows * n_sizes,), fill, dtype=torch.float64, device=group.device)
-        out.scatter_reduce_(0, (group * n_rows + row) * n_sizes + size, dist, reduce=reduce)
-        return out.view(n_groups, n_rows, n_sizes)
 
-    def _within(self, cells: tuple[Tensor, ...], shape: torch.Size, radius: Tensor) -> Tensor:
-        """How many keys ``cells`` (indices of [P, K, E, G]) lie within ``radius`` [P, E, G]."""
-        group, key, row, size = cells
-        hits = (self._distances(group, key, row, size) <= radius[group, row, size]).to(torch.int64)
-        n_groups, _, n_rows, n_sizes = shape
-        out = torch.zeros(n_groups * n_rows * n_sizes, dtype=torch.int64, device=group.device)
-        return out.index_add_(0, (group * n_rows + row) * n_sizes + size, hits).view(n_groups, n_rows, n_sizes)
+def _extreme(dist: Tensor, where: Tensor, shape: tuple[int, int, int], reduce: str) -> Tensor:
+    """Max / min of the distances ``dist`` of the cells ``where`` (flat [P, E, G]) per cell: [P, E, G]
+    (``-inf`` / ``+inf`` where none)."""
+    fill = -torch.inf if reduce == "amax" else torch.inf
+    out = torch.full((math.prod(shape),), fill, dtype=torch.float64, device=dist.device)
+    return out.scatter_reduce_(0, where, dist, reduce=reduce).view(shape)
+
+
+def _within(dist: Tensor, where: Tensor, radius: Tensor) -> Tensor:
+    """How many of the distances ``dist`` lie within the radius of their cell ``where``: [P, E, G]."""
+    hits = (dist <= radius.reshape(-1).index_select(0, where)).to(torch.int64)
+    out = torch.zeros(radius.numel(), dtype=torch.int64, device=dist.device)
+    return out.index_add_(0, where, hits).view(radius.shape)
 
 
 def _band(
