@@ -152,13 +152,24 @@ def _prefix_sums(v, order, factor, at, last, centers, z):  # pragma: no cover - 
                     break
 
 
+def _differences(v, scale, w, centers, group, key, row, where, out):  # pragma: no cover - compiled
+    """``w * (v * scale) - s`` of each listed cell, elementwise as the tensor code forms it."""
+    for c in range(group.shape[0]):
+        p, k, r = group[c], key[c], row[c]
+        weight, factor = w[p, r, k], scale[p, r]
+        for j in range(v.shape[2]):
+            out[c, j] = weight * (v[p, k, j] * factor) - centers[where[c], j]
+
+
 _compiled: Any = None
 _compiled_sums: Any = None
+_compiled_differences: Any = None
 if AVAILABLE:
     _bounds = numba.njit(cache=True, inline="always")(_bounds)
     _grow = numba.njit(cache=True, inline="never")(_grow)
     _compiled = numba.njit(cache=True, nogil=True)(_screen_counts)
     _compiled_sums = numba.njit(cache=True, nogil=True)(_prefix_sums)
+    _compiled_differences = numba.njit(cache=True, nogil=True)(_differences)
 
 
 def screen_counts(
@@ -267,4 +278,42 @@ def prefix_sums(v: Tensor, order: Tensor, factor: Tensor, at: Tensor, last: Tens
     return centers, z
 
 
-__all__ = ["AVAILABLE", "KERNELS", "prefix_sums", "screen_counts"]
+def differences(v: Tensor, scale: Tensor, w: Tensor, centers: Tensor, cells: tuple[Tensor, ...]) -> Tensor:
+    """The vectors ``y_i - s`` of some cells, in one pass (no gathered ``[c, d]`` intermediates).
+
+    Parameters
+    ----------
+    v : [P, K, d] float64
+        The block's values.
+    scale : [P, E] float64
+        Each row's power of two for its values (``2^-value_exp``).
+    w : [P, E, K] float64
+        Each row's scaled weights.
+    centers : [P * E * G, d] float64
+        The centres ``s(N)``, flat over (group, row, size).
+    cells : four [c] int64
+        The group, key, row and flat centre index of each cell.
+
+    Returns
+    -------
+    [c, d] float64
+        ``w[p, r, k] * (v[p, k] * scale[p, r]) - centers[where]``: the operations of the tensor code,
+        so the same numbers bit for bit.
+    """
+    group, key, row, where = (t.contiguous().numpy() for t in cells)
+    out = torch.empty((group.shape[0], v.shape[2]), dtype=torch.float64)
+    _compiled_differences(
+        v.contiguous().numpy(),
+        scale.contiguous().numpy(),
+        w.contiguous().numpy(),
+        centers.contiguous().numpy(),
+        group,
+        key,
+        row,
+        where,
+        out.numpy(),
+    )
+    return out
+
+
+__all__ = ["AVAILABLE", "KERNELS", "differences", "prefix_sums", "screen_counts"]

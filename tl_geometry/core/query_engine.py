@@ -646,12 +646,19 @@ class _Screen:
         ``where`` (the flat [P, E, G] index of the row's size)."""
         n_groups, n_keys, dim = self.rows.v.shape
         n_rows = self.centers.shape[1]
+        euclidean = self.rows.problem.distance == "euclidean"
+        if euclidean and self.rows.problem.kernel == "numba" and bool((self.value_exp.abs() <= 1000).all()):
+            scale = pow2(-self.value_exp)  # exact: the product of times_pow2
+            y_minus_s = fused.differences(
+                self.rows.v, scale, self.w_rows, self.centers.reshape(-1, dim), (group, key, row, where)
+            )
+            return torch.linalg.vector_norm(y_minus_s, dim=-1)
         group_row = group * n_rows + row
         v = self.rows.v.reshape(-1, dim).index_select(0, group * n_keys + key)  # flat gathers: fast
         v = times_pow2(v, -self.value_exp.reshape(-1).index_select(0, group_row)[:, None])
         y = self.w_rows.reshape(-1).index_select(0, group_row * n_keys + key)[:, None] * v
         s = self.centers.reshape(-1, dim).index_select(0, where)
-        if self.rows.problem.distance == "euclidean":
+        if euclidean:
             return torch.linalg.vector_norm(y - s, dim=-1)
         dot = einops.einsum(y, s, "c d, c d -> c")
         norm_y, norm_s = torch.linalg.vector_norm(y, dim=-1), torch.linalg.vector_norm(s, dim=-1)
