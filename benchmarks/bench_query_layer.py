@@ -1,0 +1,77 @@
+"""The query engine on single SmolLM2-135M layers (issue 22): every query of one window, both dtypes.
+
+Captures ``hook_pattern`` and ``hook_v`` of the chosen layers from one window of ``--seq-len``
+tokens (default 512) of the embedded CPython documentation corpus, then times
+``separability_queries`` on every query position of each layer (all heads, log grid, attention
+ranking), with float64 and with float32 screening (float64 decisions), the best of ``--repeat``
+calls, on one torch thread; and checks that both dtypes give the same metrics bit for bit.
+Prints the load average beside each line (compare timings within one run).
+
+Run:  OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_query_layer.py --layers 3 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+
+def best_of(repeat: int, function, *args, **kwargs):
+    """The best wall time of ``repeat`` calls of ``function(*args, **kwargs)``, and its result."""
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = function(*args, **kwargs)
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, nargs="+", default=[3, 15])
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+
+    import tl_geometry as tlg
+    from tl_geometry.core.query_engine import separability_queries
+
+    torch.set_num_threads(1)
+    model = tlg.load_model("smollm2-135m")
+    info = tlg.describe_model(model)
+    tokens = tlg.corpus_tokens(model, tlg.corpus.python_docs(n_seqs=1, seq_len=args.seq_len))
+    names = [f"blocks.{layer}.attn.{hook}" for layer in args.layers for hook in ("hook_pattern", "hook_v")]
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(tokens, names_filter=lambda name: name in names)
+    queries = list(range(tokens.shape[1]))
+    kv_head_of = info.kv_head_of()
+    for layer in args.layers:
+        weights = cache[f"blocks.{layer}.attn.hook_pattern"].double()
+        values = cache[f"blocks.{layer}.attn.hook_v"].double()
+        results = {}
+        for dtype in (torch.float64, torch.float32):
+            separability_queries(weights[:, :, :8, :8], values[:, :8], queries[:8], kv_head_of, "log", dtype=dtype)
+            seconds, results[dtype] = best_of(
+                args.repeat, separability_queries, weights, values, queries, kv_head_of, "log", dtype=dtype
+            )
+            print(
+                f"layer {layer}, every query of {args.seq_len} tokens, {info.n_heads} heads, log grid, "
+                f"{str(dtype).removeprefix('torch.')} screening: {seconds:.3f}s  "
+                f"(load average {os.getloadavg()[0]:.2f})",
+                flush=True,
+            )
+        same = all(
+            torch.equal(
+                getattr(results[torch.float64], name).nan_to_num(-1.0),
+                getattr(results[torch.float32], name).nan_to_num(-1.0),
+            )
+            for name in ("precision", "recall", "r_max", "r_min", "local_error_del", "local_error_ren")
+        )
+        print(f"  float32 screening equals float64 bit for bit: {same}")
+
+
+if __name__ == "__main__":
+    main()
