@@ -106,6 +106,22 @@ def test_a_coarse_screen_gives_the_same_decisions(distance, monkeypatch):
     assert calls, "the whole-cell recomputation never ran"
 
 
+@pytest.mark.parametrize("kernel", ["torch", "numba"])
+def test_sizes_out_of_order_in_many_blocks_are_decided_in_place(kernel):
+    """Sizes given in no order, screened in many small blocks with a coarse screen: the unsure
+    cells of every block are re-checked together at the end and land on their own sizes."""
+    weights, values = random_rows("ties", n_rows=3, k=33, d=3, seed=4)
+    order = selection_order(ranking_scores(weights, values, "attention"))[:, None, :]
+    eps = torch.full((weights.shape[0],), COSINE_EPS, dtype=torch.float64)
+    shuffled = torch.randperm(33, generator=torch.Generator().manual_seed(0)) + 1
+    y = weights[..., None] * values
+    fast = screening.decide(y, order, shuffled, "euclidean", eps, 3 * 8 * 33 * 2, torch.bfloat16, kernel)
+    exact = screening.decide(y, order, torch.arange(1, 34), "euclidean", eps, 1 << 20, torch.float64, kernel)
+    assert fast.n_direct > 0
+    for name in ("k_out", "k_in", "r_max", "r_min"):
+        assert torch.equal(getattr(fast, name), getattr(exact, name)[:, shuffled - 1]), name
+
+
 @st.composite
 def wide_rows(draw):
     """Rows with weights over many orders of magnitude (as real attention rows) and sizes of blocks."""

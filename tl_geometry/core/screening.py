@@ -126,15 +126,28 @@ def decide(
     n_batch = keys.centers.shape[0]
     size_block = balanced_block(ns.shape[0], max(1, block_bytes // (n_batch * n_keys * torch.finfo(screen).bits // 8)))
     out = {name: torch.empty(n_batch, ns.shape[0], dtype=dtype, device=ns.device) for name, dtype in _RESULTS.items()}
-    n_direct = 0
+    sigma = torch.empty(n_batch, ns.shape[0], dtype=keys.centers.dtype, device=ns.device)
     ranks = torch.argsort(ns, stable=True)  # sizes by value, so that a block's in-keys are a short prefix
     in_order = bool((ranks == torch.arange(ns.shape[0], device=ns.device)).all())
+    unsure: list[_Cells] = []
     for g0 in range(0, ns.shape[0], size_block):
         sizes: slice | Tensor = slice(g0, g0 + size_block) if in_order else ranks[g0 : g0 + size_block]
-        part = _decide_sizes(keys, keys.centers[:, sizes], ns[sizes], eps, fused)
+        part, cells = _decide_sizes(keys, keys.centers[:, sizes], ns[sizes], eps, fused)
         for name in _RESULTS:
             out[name][:, sizes] = getattr(part, name)
-        n_direct += part.n_direct
+        sigma[:, sizes] = part.sigma
+        if cells is not None:  # block-local sizes -> the call's
+            size = cells.size + g0 if in_order else ranks[g0 : g0 + size_block][cells.size]
+            unsure.append(_Cells(cells.batch, size, cells.upper, cells.lower, cells.n))
+    n_direct = sum(cells.batch.shape[0] for cells in unsure)
+    if unsure:  # the cells no block could decide, all at once (the per-call overhead once per call)
+        every = _Cells(*(torch.cat(x) for x in zip(*((c.batch, c.size, c.upper, c.lower, c.n) for c in unsure))))
+        undecided = _refine(
+            keys, keys.centers, sigma, eps, every, out["k_out"], out["k_in"], out["r_max"], out["r_min"]
+        )
+        if bool(undecided.any()):
+            batch, size = every.batch[undecided], every.size[undecided]
+            _recompute(keys, keys.centers, ns, eps, batch, size, out["k_out"], out["k_in"], out["r_max"], out["r_min"])
     return Decided(**out, centers=keys.centers, n_direct=n_direct)
 
 
@@ -235,9 +248,21 @@ class _Keys:
         return self.y[row[:, None], self.order[row, batch % n_draws]]
 
 
-def _decide_sizes(keys: _Keys, s: Tensor, ns: Tensor, eps: Tensor, fused: bool) -> Decided:
-    """The decisions for one block of sizes (``ns`` [g] increasing): ``s`` [B, g, d] float64."""
-    n_batch, n_sizes, _ = s.shape
+@dataclass(frozen=True)
+class _Block:
+    """The screen's decisions for one block of sizes, before the unsure cells are re-checked
+    (``k_out``, ``k_in``, ``r_max``, ``r_min`` [B, g]) and the centres' norms ``sigma`` [B, g]."""
+
+    k_out: Tensor
+    k_in: Tensor
+    r_max: Tensor
+    r_min: Tensor
+    sigma: Tensor
+
+
+def _decide_sizes(keys: _Keys, s: Tensor, ns: Tensor, eps: Tensor, fused: bool) -> tuple[_Block, "_Cells | None"]:
+    """The decisions for one block of sizes (``ns`` [g] increasing): ``s`` [B, g, d] float64; the
+    cells the screen leaves unsure (block-local sizes, their bounds in selection order), or None."""
     sigma = torch.linalg.vector_norm(s, dim=-1)  # [B, g] float64
     upper = _upper(keys, s, sigma, eps)  # P [B, g, K]
     if fused:
@@ -246,19 +271,16 @@ def _decide_sizes(keys: _Keys, s: Tensor, ns: Tensor, eps: Tensor, fused: bool) 
         lower = _lower(keys, upper, sigma)  # M [B, g, K] (the same tensor for the cosine)
         parts = [_decide_group(keys, s, sigma, eps, upper, lower, ns, a, b) for a, b in _groups(ns, upper.shape[-1])]
         k_out, k_in, r_max, r_min, unsure = (torch.cat(x, dim=-1) for x in zip(*parts))
-    n_direct = int(unsure.sum())
-    if n_direct:
-        batch, size = unsure.nonzero(as_tuple=True)
-        cell_upper = upper[batch, size]
-        cell_lower = lower[batch, size] if not fused else _lower(keys, cell_upper, sigma[batch, size], batch)
-        if keys.rank is not None:  # key order -> selection order
-            position = keys.order.view(-1, keys.order.shape[-1])[batch]
-            cell_upper, cell_lower = cell_upper.gather(-1, position), cell_lower.gather(-1, position)
-        cells = _Cells(batch, size, cell_upper, cell_lower, ns[size])
-        undecided = _refine(keys, s, sigma, eps, cells, k_out, k_in, r_max, r_min)
-        if bool(undecided.any()):
-            _recompute(keys, s, ns, eps, batch[undecided], size[undecided], k_out, k_in, r_max, r_min)
-    return Decided(k_out, k_in, r_max, r_min, s, n_direct)
+    block = _Block(k_out, k_in, r_max, r_min, sigma)
+    if not bool(unsure.any()):
+        return block, None
+    batch, size = unsure.nonzero(as_tuple=True)
+    cell_upper = upper[batch, size]  # a copy: the work tensor is reused by the next block
+    cell_lower = lower[batch, size] if not fused else _lower(keys, cell_upper, sigma[batch, size], batch)
+    if keys.rank is not None:  # key order -> selection order
+        position = keys.order.view(-1, keys.order.shape[-1])[batch]
+        cell_upper, cell_lower = cell_upper.gather(-1, position), cell_lower.gather(-1, position)
+    return block, _Cells(batch, size, cell_upper, cell_lower, ns[size])
 
 
 def _groups(ns: Tensor, n_keys: int) -> list[tuple[int, int]]:
