@@ -65,6 +65,29 @@ def test_random_order_is_a_uniform_permutation():
     assert chi2 < 18.47  # chi-square, 4 degrees of freedom, p = 0.001
 
 
+@given(
+    n_keys=st.sampled_from([1, 2, 7, 64, 1023, 1024, 1025, 1500]),
+    draws=st.integers(1, 4),
+    seed=st.integers(0, 2**31),
+    seq=st.integers(0, 1000),
+)
+@settings(max_examples=30, deadline=None)
+def test_uniform_order_is_the_stable_order_of_the_uniform_scores(n_keys, draws, seed, seq):
+    keys = rankings.row_keys(seq=torch.tensor([seq, seq + 1]), layer=1, head=2, query_pos=n_keys - 1)
+    expected = rankings.selection_order(rankings.uniform_scores(keys, n_keys, draws, seed))
+    assert torch.equal(rankings.uniform_order(keys, n_keys, draws, seed), expected)
+
+
+@pytest.mark.parametrize("n_keys", [5, 100, 1024])
+def test_uniform_order_breaks_ties_to_the_lower_key(n_keys, monkeypatch):
+    """Scores drawn from four values (ties everywhere): highest first, ties to the lower index."""
+    g = torch.Generator().manual_seed(n_keys)
+    bits = (torch.randint(0, 4, (3, 2, n_keys), generator=g) << 50) | 7
+    monkeypatch.setattr(rankings, "uniform_bits", lambda *a, **k: bits)
+    expected = torch.argsort(bits.to(torch.float64), dim=-1, descending=True, stable=True)
+    assert torch.equal(rankings.uniform_order(torch.zeros(3, dtype=torch.int64), n_keys, 2), expected)
+
+
 def test_scores_of_each_ranking():
     w = torch.tensor([[0.5, 0.2, 0.2, 0.1]])
     v = torch.tensor([[[1.0, 0.0], [0.0, 3.0], [4.0, 0.0], [0.0, 0.0]]])

@@ -122,10 +122,44 @@ def uniform_scores(
     seed : int
         The user's seed.
     """
+    return uniform_bits(keys, n_keys, draws, seed).to(torch.float64) * 2.0**-53
+
+
+def uniform_bits(
+    keys: Int[Tensor, "*batch"], n_keys: int, draws: int = 1, seed: int = 0
+) -> Int[Tensor, "*batch draw k"]:
+    """The 53-bit integers of :func:`uniform_scores` (``u = bits / 2^53``, exactly), int64."""
     device = keys.device
     per_draw = mix(seed_word(seed), keys[..., None], torch.arange(draws, device=device))  # [*batch, R]
     bits = splitmix64(per_draw[..., None] ^ torch.arange(n_keys, device=device))  # [*batch, R, K]
-    return _shift_right(bits, 11).to(torch.float64) * 2.0**-53
+    return _shift_right(bits, 11)
+
+
+#: Bits of :func:`uniform_bits`.
+_UNIFORM_BITS = 53
+
+
+def uniform_order(
+    keys: Int[Tensor, "*batch"], n_keys: int, draws: int = 1, seed: int = 0
+) -> Int[Tensor, "*batch draw k"]:
+    """``selection_order(uniform_scores(keys, n_keys, draws, seed))``, the random control's orders, faster.
+
+    On the CPU with ``K <= 1024`` each key's score and index fit one int64 (``(2^53 - 1 - bits) * 2^b
+    + i``, ``b`` the bits of ``K - 1``): distinct numbers whose ascending order is the stable
+    descending order of the scores, sorted by numpy's vectorised integer sort (about ten times
+    torch's stable ``argsort`` on 16 draws x 1024 keys). Elsewhere, ``selection_order``.
+
+    >>> import torch
+    >>> keys = row_keys(seq=torch.arange(3))
+    >>> torch.equal(uniform_order(keys, 50, draws=4), selection_order(uniform_scores(keys, 50, draws=4)))
+    True
+    """
+    index_bits = max(1, n_keys - 1).bit_length()
+    if keys.device.type != "cpu" or _UNIFORM_BITS + index_bits > 63:
+        return selection_order(uniform_scores(keys, n_keys, draws, seed))
+    bits = uniform_bits(keys, n_keys, draws, seed)
+    packed = (((1 << _UNIFORM_BITS) - 1 - bits) << index_bits) | torch.arange(n_keys)
+    return torch.from_numpy(np.sort(packed.numpy(), axis=-1) & ((1 << index_bits) - 1))
 
 
 # ----------------------------------------------------------------------------- scores and order
@@ -249,5 +283,7 @@ __all__ = [
     "splitmix64",
     "top_n_cut",
     "top_n_mask",
+    "uniform_bits",
+    "uniform_order",
     "uniform_scores",
 ]

@@ -48,7 +48,7 @@ from tl_geometry.core.rankings import (
     default_row_keys,
     ranking_scores,
     selection_order,
-    uniform_scores,
+    uniform_order,
 )
 from tl_geometry.core.screening import balanced_block, decide
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns, sort_by_weight
@@ -379,7 +379,7 @@ def _orders(rows: _ScaledRows, rank_by: str, n_draws: int, seed: int, keys: Tens
     if rank_by != "random":
         return selection_order(ranking_scores(rows.weights, rows.values, rank_by))[:, None, :]
     keys = default_row_keys((n_rows,), rows.weights.device) if keys is None else keys
-    return selection_order(uniform_scores(keys, n_keys, draws=n_draws, seed=seed))
+    return uniform_order(keys, n_keys, draws=n_draws, seed=seed)
 
 
 @torch.no_grad()
