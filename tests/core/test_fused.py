@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import assert_bit_identical
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_query_engine import kv_heads, layer_rows
@@ -20,15 +21,6 @@ from tl_geometry.core.query_engine import separability_queries
 from tl_geometry.errors import InputError
 
 pytestmark = pytest.mark.skipif(not fused.AVAILABLE, reason="numba is not installed")
-
-METRICS = ["precision", "recall", "r_max", "r_min", "retained_mass", "local_error_del", "local_error_ren"]
-
-
-def assert_bit_identical(a, b) -> None:
-    for name in METRICS:
-        x, y = getattr(a, name), getattr(b, name)
-        assert torch.equal(x.isnan(), y.isnan()), name
-        assert torch.equal(x.nan_to_num(0.0), y.nan_to_num(0.0)), name  # == on floats: bit for bit here
 
 
 @st.composite

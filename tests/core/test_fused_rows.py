@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import assert_bit_identical
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_screening import NOISE, decide, near_tie_rows
@@ -17,15 +18,6 @@ from tl_geometry.core import fused_rows
 from tl_geometry.errors import InputError
 
 pytestmark = pytest.mark.skipif(not fused_rows.AVAILABLE, reason="numba is not installed")
-
-METRICS = ["precision", "recall", "r_max", "r_min", "retained_mass", "local_error_del", "local_error_ren"]
-
-
-def assert_bit_identical(a, b) -> None:
-    for name in METRICS:
-        x, y = getattr(a, name), getattr(b, name)
-        assert torch.equal(x.isnan(), y.isnan()), name
-        assert torch.equal(x.nan_to_num(0.0), y.nan_to_num(0.0)), name  # == on floats: bit for bit here
 
 
 @st.composite
