@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tl_geometry.errors import InputError
+
 try:  # numba is a dependency; a broken install falls back to the torch screen
     import numba
 except ImportError:  # pragma: no cover - exercised where numba is missing
@@ -28,8 +30,26 @@ except ImportError:  # pragma: no cover - exercised where numba is missing
 #: Whether the compiled kernel can run here (numba importable).
 AVAILABLE = numba is not None
 
-#: The kernels :func:`tl_geometry.core.query_engine.separability_queries` accepts.
+#: The kernels both engines accept (:func:`tl_geometry.core.query_engine.separability_queries`,
+#: :func:`tl_geometry.separability`).
 KERNELS = ("numba", "torch")
+
+#: The kernel when none is given: the compiled passes where numba imports, else torch.
+DEFAULT_KERNEL = "numba" if AVAILABLE else "torch"
+
+
+def check_kernel(kernel: str | None) -> str:
+    """``kernel``, or :data:`DEFAULT_KERNEL` for None; one of :data:`KERNELS` that can run here.
+
+    >>> check_kernel("torch")
+    'torch'
+    """
+    kernel = DEFAULT_KERNEL if kernel is None else kernel
+    if kernel not in KERNELS:
+        raise InputError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "numba" and not AVAILABLE:
+        raise InputError("kernel='numba' needs numba (pip install numba); use kernel='torch'")
+    return kernel
 
 
 def _bounds(x, w, v_norm, rank, ns, coef, absolute, s_norm, one, given, p, k, r, e, band):  # pragma: no cover
@@ -316,4 +336,4 @@ def differences(v: Tensor, scale: Tensor, w: Tensor, centers: Tensor, cells: tup
     return out
 
 
-__all__ = ["AVAILABLE", "KERNELS", "differences", "prefix_sums", "screen_counts"]
+__all__ = ["AVAILABLE", "DEFAULT_KERNEL", "KERNELS", "check_kernel", "differences", "prefix_sums", "screen_counts"]

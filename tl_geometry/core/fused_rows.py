@@ -21,19 +21,11 @@ from typing import Any
 
 import numpy as np
 
-try:  # numba is a dependency; a broken install falls back to the torch decisions
+# whether numba imports, the kernels' names and the default: one copy, in fused.py
+from tl_geometry.core.fused import AVAILABLE, DEFAULT_KERNEL, KERNELS
+
+if AVAILABLE:  # a broken install falls back to the torch decisions
     import numba
-except ImportError:  # pragma: no cover - exercised where numba is missing
-    numba = None  # type: ignore[assignment]
-
-#: Whether the compiled passes can run here (numba importable).
-AVAILABLE = numba is not None
-
-#: The kernels :func:`tl_geometry.separability` accepts for its per-row engine.
-KERNELS = ("numba", "torch")
-
-#: The kernel when none is given: the compiled passes where numba imports, else torch.
-DEFAULT_KERNEL = "numba" if AVAILABLE else "torch"
 
 
 def _lower(p, neg_two_sigma, band_key, band_sq, cosine):  # pragma: no cover - compiled

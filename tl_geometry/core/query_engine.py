@@ -70,9 +70,6 @@ MAX_SCALE_GAP = 60
 #: ``v 2^-block_exp``), which is exact; beyond it from each row's own scaled values.
 MAX_FOLDED_GAP = 900
 
-#: The screen's kernel when none is given: the fused numba pass where numba imports, else torch.
-DEFAULT_KERNEL = "numba" if fused.AVAILABLE else "torch"
-
 
 @dataclass(frozen=True, kw_only=True)
 class QueryRows(SeparabilityMetrics):
@@ -160,11 +157,7 @@ def separability_queries(
         raise InputError(f"kv_head_of must give one key/value head in 0..{values.shape[2] - 1} per query head")
     if row_keys is not None and tuple(row_keys.shape) != (n_batch, n_heads, n_queries):
         raise InputError(f"row_keys must have shape {(n_batch, n_heads, n_queries)}, one key per row")
-    kernel = DEFAULT_KERNEL if kernel is None else kernel
-    if kernel not in fused.KERNELS:
-        raise InputError(f"kernel must be one of {fused.KERNELS}, got {kernel!r}")
-    if kernel == "numba" and not fused.AVAILABLE:
-        raise InputError("kernel='numba' needs numba (pip install numba); use kernel='torch'")
+    kernel = fused.check_kernel(kernel)
     if weights.device.type != "cpu":
         kernel = "torch"  # the compiled pass is a CPU kernel
     with _block_threads(weights.device) as workers:  # see _solve_all

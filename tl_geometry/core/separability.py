@@ -31,9 +31,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from tl_geometry.core import fused_rows
 from tl_geometry.core.budget import check_memory
 from tl_geometry.core.checks import check_row_inputs, typechecked
+from tl_geometry.core.fused import check_kernel
 from tl_geometry.core.layouts import Layout, causal_rows, check_layout, tl_rows, values_per_head
 from tl_geometry.core.metrics import METRICS, SeparabilityMetrics
 from tl_geometry.core.numerics import local_errors, pow2, times_pow2
@@ -312,7 +312,7 @@ def separability_of_rows(
 ) -> Separability:
     """:func:`separability` of rows ``weights [*batch, K]``, ``values [*batch, K, d]`` measured over every key."""
     rank_by, distance = check_rank_by(rank_by), check_distance(distance)
-    kernel = _check_kernel(kernel)
+    kernel = check_kernel(kernel)
     n_random, seed = check_n_random(n_random), check_seed(seed)
     check_row_inputs(weights, values)
     _check_row_keys(row_keys, tuple(weights.shape[:-1]))
@@ -338,15 +338,6 @@ def separability_of_rows(
     return Separability(
         ns=ns_t, **{name: unpack(x) for name, x in metrics.items()}, rank_by=rank_by, distance=distance, n_draws=n_draws
     )
-
-
-def _check_kernel(kernel: str | None) -> str:
-    kernel = fused_rows.DEFAULT_KERNEL if kernel is None else kernel
-    if kernel not in fused_rows.KERNELS:
-        raise InputError(f"kernel must be one of {fused_rows.KERNELS}, got {kernel!r}")
-    if kernel == "numba" and not fused_rows.AVAILABLE:
-        raise InputError("kernel='numba' needs numba (pip install numba); use kernel='torch'")
-    return kernel
 
 
 @dataclass(frozen=True)
