@@ -36,21 +36,15 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
 
-    import tl_geometry as tlg
+    from captured_layers import smollm2_layers
+
     from tl_geometry.core.query_engine import separability_queries
 
-    torch.set_num_threads(1)
-    model = tlg.load_model("smollm2-135m")
-    info = tlg.describe_model(model)
-    tokens = tlg.corpus_tokens(model, tlg.corpus.python_docs(n_seqs=1, seq_len=args.seq_len))
-    names = [f"blocks.{layer}.attn.{hook}" for layer in args.layers for hook in ("hook_pattern", "hook_v")]
-    with torch.inference_mode():
-        _, cache = model.run_with_cache(tokens, names_filter=lambda name: name in names)
-    queries = list(range(tokens.shape[1]))
+    info, captured = smollm2_layers(args.layers, args.seq_len)
+    queries = list(range(args.seq_len))
     kv_head_of = info.kv_head_of()
-    for layer in args.layers:
-        weights = cache[f"blocks.{layer}.attn.hook_pattern"].double()
-        values = cache[f"blocks.{layer}.attn.hook_v"].double()
+    for layer, (pattern, v) in captured.items():
+        weights, values = pattern.double(), v.double()
         results = {}
         for dtype in (torch.float64, torch.float32):
             separability_queries(weights[:, :, :8, :8], values[:, :8], queries[:8], kv_head_of, "log", dtype=dtype)

@@ -25,21 +25,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
 
+    from captured_layers import smollm2_layers
+
     import tl_geometry as tlg
     from tl_geometry.capture.hooks import values_per_head
-    from tl_geometry.models import hook_pattern_name, hook_v_name
 
-    torch.set_num_threads(1)
-    model = tlg.load_model("smollm2-135m")
-    info = tlg.describe_model(model)
-    tokens = tlg.corpus_tokens(model, tlg.corpus.python_docs(n_seqs=1, seq_len=args.seq_len))
-    layers = (3, 15)
-    names = {name for layer in layers for name in (hook_v_name(layer), hook_pattern_name(layer))}
-    _, cache = model.run_with_cache(tokens, names_filter=lambda name: name in names)
+    info, captured = smollm2_layers((3, 15), args.seq_len)
     print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    for layer in layers:
-        weights = cache[hook_pattern_name(layer)][0, :, -1, :].double()  # [head, K]
-        values = values_per_head(cache[hook_v_name(layer)], info.kv_head_of())[0].double()  # [head, K, d]
+    for layer, (pattern, v) in captured.items():
+        weights = pattern[0, :, -1, :].double()  # [head, K]
+        values = values_per_head(v, info.kv_head_of())[0].double()  # [head, K, d]
         for mode, kw in (("every N", dict(ns=None)), ("random", dict(ns="log", rank_by="random", n_random=16))):
             best, results = {}, {}
             for kernel in ("torch", "numba"):
