@@ -14,7 +14,9 @@ for the forward pass and the analysis:
    (128 tokens, last query, log grid, written to a run directory).
 
 "forward" is the model's plain forward pass over the same windows (no hooks), the best of two;
-"analysis" is the time inside the hooks (``AnalysisResult.timings['analysis_s']``).
+"analysis" is the time inside the hooks (``AnalysisResult.timings['analysis_s']``); the time to
+build the tables after the last window (profile fits, regime features: ``timings['tables_s']``,
+once per run, not per window) is printed beside it.
 
 Run:  OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_scale.py            (about 20 minutes on 2 cores)
       OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_scale.py --quick    (2 windows, no torchrun/memory)
@@ -66,9 +68,10 @@ def ratio(model, name: str, n_seqs: int, seq_len: int, batch_size: int, **kwargs
     tokens = tlg.corpus_tokens(model, tlg.corpus.python_docs(n_seqs=n_seqs, seq_len=seq_len))
     forward = forward_seconds(model, tokens, batch_size)
     result = tlg.analyze(model, tokens, batch_size=batch_size, progress=False, **kwargs)
-    analysis = result.timings["analysis_s"]
+    analysis, tables = result.timings["analysis_s"], result.timings["tables_s"]
     print(f"{name}: analysis {analysis:.2f}s / forward {forward:.2f}s = {analysis / forward:.2f}  "
-          f"({n_seqs} x {seq_len} tokens, {len(result.separability)} rows)", flush=True)  # fmt: skip
+          f"({n_seqs} x {seq_len} tokens, {len(result.separability)} rows); the tables after the "
+          f"last window add {tables:.2f}s = {tables / forward:.2f} x forward", flush=True)  # fmt: skip
     return analysis / forward
 
 

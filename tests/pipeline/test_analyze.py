@@ -138,6 +138,9 @@ def test_diagnostics_tables_match_the_observer_run_by_hand(llama_bridge) -> None
     assert len(result.attention_profile) == info.n_layers * info.n_heads
     for name in ("value_norms", "similarity", "attention_profile"):
         pd.testing.assert_frame_equal(getattr(result, name), getattr(tables, name), rtol=1e-12)
+    # the tables built after the last window (the profile fits above) are timed apart from the windows
+    assert set(result.timings) == {"total_s", "analysis_s", "forward_s", "tables_s"}
+    assert result.timings["tables_s"] > 0
 
 
 def test_bounds_columns_match_the_raw_function(llama_bridge) -> None:

@@ -336,7 +336,8 @@ def _summary_text(result: Any, heads: Any, out: Path, page: Path, load_s: float)
     lines = [
         f"model    {m.name}: {m.n_layers} layers x {m.n_heads} heads ({m.n_kv_heads} kv heads), d_head {m.d_head}",
         f"corpus   {c['corpus']}: {c['n_seqs']} windows x {c['seq_len']} tokens, query positions {c['query_positions']}",
-        f"time     load {load_s:.1f}s, forward {t['forward_s']:.1f}s, analysis {t['analysis_s']:.1f}s",
+        f"time     load {load_s:.1f}s, forward {t['forward_s']:.1f}s, analysis {t['analysis_s']:.1f}s, "
+        f"tables {t.get('tables_s', 0.0):.1f}s",
         "mean over windows, layers and heads:",
         table,
         *_ranking_lines(result),
