@@ -18,6 +18,7 @@ from tl_geometry.theory.boundary_cosines import (
     bucket_max_matrix,
     bucket_max_measured,
     rho_out_from_buckets,
+    rho_out_measured,
 )
 
 
@@ -43,7 +44,7 @@ def engine_rho_out(weights, values, ns, dtype=torch.float64, model_rho=None):
     grid = torch.tensor(ns)
     if model_rho is not None:
         return rho_out_from_buckets(bucket_max_matrix(units @ units.transpose(1, 2), grid, sink_rank), grid)
-    return rho_out_from_buckets(bucket_max_measured(units, grid, sink_rank, dtype), grid)
+    return rho_out_measured(units, grid, sink_rank, dtype)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -92,3 +93,25 @@ def test_float32_screen_is_rechecked_in_float64():
     for gi, n in enumerate(ns):
         exp_n = ref_rho_out(weights, values, n)
         assert float(got[gi]) == (exp_n if math.isinf(exp_n) else pytest.approx(exp_n, abs=1e-14)), n
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_compiled_bookkeeping_equals_the_torch_screen(seed):
+    # rho_out_measured (compiled bookkeeping, only the re-checked columns) against
+    # rho_out_from_buckets(bucket_max_measured(...)) (every column, [r, G, K] tensors): equal bit for bit
+    g = torch.Generator().manual_seed(seed)
+    n_rows, k_keys, d = 6, 97, 7
+    values = torch.randn(n_rows, k_keys, d, generator=g, dtype=torch.float64)
+    values[1] = values[1, :1] + 1e-7 * values[1]  # near-ties: many columns within the screen's slack
+    values[2, 5] = 0.0  # a zero vector: cosine 0
+    values[3, 9] = values[3, 2]  # a duplicate: cosine 1
+    weights = torch.softmax(3 * torch.randn(n_rows, k_keys, generator=g, dtype=torch.float64), dim=-1)
+    order = selection_order(weights)
+    v = values.gather(-2, order[..., None].expand_as(values))
+    norms = v.norm(dim=-1, keepdim=True)
+    units = v / torch.where(norms > 0, norms, 1.0)
+    sink_rank = (order == 0).to(torch.int64).argmax(dim=-1)
+    for ns in ([1, 2, 3, 5, 8, 13, 96, 97], list(range(1, k_keys + 1)), [40], [1, 97]):
+        grid = torch.tensor(ns)
+        expected = rho_out_from_buckets(bucket_max_measured(units, grid, sink_rank, torch.float64), grid)
+        assert torch.equal(rho_out_measured(units, grid, sink_rank, torch.float64), expected), ns

@@ -6,15 +6,23 @@ For one row with keys in selection order and the sink at rank ``t_0``::
 
 (``-inf`` for an empty pair set; :mod:`~tl_geometry.theory.bounds` applies its conventions).
 Buckets of ranks between grid points give it as a suffix maximum, ``K^2 d / 2`` multiply-adds per
-row and no ``[K, K]`` matrix; float64 cosines are screened in float32 and re-checked exactly.
+row and no ``[K, K]`` matrix; float64 cosines are screened in float32 and re-checked exactly
+(:func:`rho_out_measured`: the bookkeeping of the screen compiled with numba where it imports, the
+same maxima as :func:`rho_out_from_buckets` of :func:`bucket_max_measured`, bit for bit).
 The algorithm and the error bound: docs/theory.md §4.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+
+try:  # numba is a dependency; a broken install falls back to the torch bookkeeping
+    import numba
+except ImportError:  # pragma: no cover - exercised where numba is missing
+    numba = None  # type: ignore[assignment]
 
 #: Slack of the float32 screen, in units of float32 epsilon, on top of ``d``.
 SCREEN_SLACK = 4
@@ -84,6 +92,42 @@ def bucket_max_measured(
     return exact
 
 
+def rho_out_measured(
+    units: Float[Tensor, "r k d"], ns: Int[Tensor, " g"], sink_rank: Int[Tensor, " r"], dtype: torch.dtype
+) -> Float[Tensor, "r g"]:
+    """``rho_out [r, G]`` of measured cosines: ``rho_out_from_buckets(bucket_max_measured(...))``.
+
+    For float64 on the CPU with numba, the screen's bookkeeping (the float32 ``rho_out``, the
+    columns to re-check, the float64 maxima over the re-checked columns) is one compiled pass per
+    step instead of ``[r, G, K]`` tensors; the float32 products and the float64 products of the
+    re-checked columns are the same torch products, so the result is the same, bit for bit. Only
+    the re-checked columns count: a column that is not re-checked is below the maximum for every
+    size it counts for (docs/theory.md §4).
+
+    >>> import torch
+    >>> u = torch.nn.functional.normalize(torch.randn(3, 40, 4, dtype=torch.float64), dim=-1)
+    >>> ns, sinks = torch.tensor([1, 2, 5, 17, 39, 40]), torch.tensor([0, 3, 39])
+    >>> reference = rho_out_from_buckets(bucket_max_measured(u, ns, sinks, torch.float64), ns)
+    >>> torch.equal(rho_out_measured(u, ns, sinks, torch.float64), reference)
+    True
+    """
+    compiled = numba is not None and dtype == torch.float64 and units.dtype == torch.float64
+    if not (compiled and units.device.type == "cpu"):
+        return rho_out_from_buckets(bucket_max_measured(units, ns, sink_rank, dtype), ns)
+    bucket_max = _bucket_max(units.to(torch.float32), ns, sink_rank)
+    slack = (units.shape[-1] + SCREEN_SLACK) * torch.finfo(torch.float32).eps
+    grid = np.ascontiguousarray(ns.numpy(), dtype=np.int64)
+    candidates = np.zeros((units.shape[0], units.shape[1]), dtype=np.bool_)
+    _compiled_candidates(bucket_max.detach().numpy(), grid, 2 * slack, candidates)
+    out = torch.full((units.shape[0], grid.shape[0]), -torch.inf, dtype=torch.float64)
+    out_np = out.numpy()
+    for row in np.flatnonzero(candidates.any(axis=-1)).tolist():
+        cols = torch.from_numpy(np.flatnonzero(candidates[row]))
+        dots = units[row] @ units[row, cols].T  # [K, c], float64: the product of the torch path
+        _compiled_rho_out_of_columns(dots.detach().numpy(), cols.numpy(), grid, out_np[row])
+    return out
+
+
 def bucket_max_matrix(rho: Float[Tensor, "r k k"], ns: Int[Tensor, " g"], sink_rank: Int[Tensor, " r"]) -> Tensor:
     """``R [r, G+1, K]`` from a given cosine matrix in selection order (the similarity model)."""
     starts, ends, _ = buckets(ns, rho.shape[-1])
@@ -109,6 +153,63 @@ def _drop_sink(bucket_max: Tensor, sink_rank: Tensor) -> Tensor:
     """The sink is never the lower-ranked key of a pair (it is not in ``I'``)."""
     index = sink_rank[:, None, None].expand(-1, bucket_max.shape[1], 1)
     return bucket_max.scatter_(2, index, -torch.inf)
+
+
+def _candidates(bucket_max, ns, two_slack, out):  # pragma: no cover - compiled
+    """The columns the float32 screen cannot rule out, into ``out [r, K]`` (``bucket_max_measured``'s test).
+
+    Per row: ``rho32(N_g)`` as :func:`rho_out_from_buckets` forms it, the threshold
+    ``rho32 - 2 slack`` (+inf where ``rho32`` is infinite), and column ``k`` (bucket ``a``) is kept
+    when some bucket ``b > a`` has ``R[b, k] >= min_{a <= g < b} threshold[g]``."""
+    n_rows, n_buckets, n_keys = bucket_max.shape
+    n_sizes = ns.shape[0]
+    threshold = np.empty(n_sizes, dtype=np.float64)
+    running = np.empty(n_keys, dtype=bucket_max.dtype)
+    for r in range(n_rows):
+        for k in range(n_keys):
+            running[k] = bucket_max[r, n_sizes, k]
+        for g in range(n_sizes - 1, -1, -1):
+            best = -np.inf
+            for k in range(ns[g]):
+                if running[k] > best:
+                    best = running[k]
+            threshold[g] = np.inf if np.isinf(best) else np.float64(best) - two_slack
+            for k in range(n_keys):
+                if bucket_max[r, g, k] > running[k]:
+                    running[k] = bucket_max[r, g, k]
+        bucket = 0
+        for k in range(n_keys):
+            while bucket < n_sizes and ns[bucket] <= k:
+                bucket += 1
+            need = np.inf
+            for b in range(bucket + 1, n_sizes + 1):
+                need = min(need, threshold[b - 1])
+                if np.float64(bucket_max[r, b, k]) >= need:
+                    out[r, k] = True
+                    break
+
+
+def _rho_out_of_columns(dots, cols, ns, out):  # pragma: no cover - compiled
+    """``out[g] = max(out[g], max_{p: cols[p] < N_g, j >= N_g} dots[j, p])`` for one row."""
+    n_keys, n_cols = dots.shape
+    n_sizes = ns.shape[0]
+    for p in range(n_cols):
+        bucket = 0
+        while bucket < n_sizes and ns[bucket] <= cols[p]:
+            bucket += 1
+        best = -np.inf
+        for g in range(n_sizes - 1, bucket - 1, -1):
+            end = n_keys if g == n_sizes - 1 else ns[g + 1]
+            for j in range(ns[g], end):
+                if dots[j, p] > best:
+                    best = dots[j, p]
+            if best > out[g]:
+                out[g] = best
+
+
+if numba is not None:
+    _compiled_candidates = numba.njit(cache=True, nogil=True)(_candidates)
+    _compiled_rho_out_of_columns = numba.njit(cache=True, nogil=True)(_rho_out_of_columns)
 
 
 def _range_min(threshold: Tensor) -> Tensor:

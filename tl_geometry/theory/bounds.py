@@ -30,7 +30,7 @@ from tl_geometry.core.layouts import causal_rows
 from tl_geometry.core.rankings import selection_order
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
 from tl_geometry.errors import InputError
-from tl_geometry.theory.boundary_cosines import bucket_max_matrix, bucket_max_measured, rho_out_from_buckets
+from tl_geometry.theory.boundary_cosines import bucket_max_matrix, rho_out_from_buckets, rho_out_measured
 
 #: Working-set size of one block of ``[rows, sizes, keys]`` tensors (a tuning knob only).
 DEFAULT_BLOCK_BYTES = 64 << 20
@@ -263,7 +263,7 @@ class _RowBlock:
         inside = torch.arange(n_keys, device=grid.device)[None, :] < grid[:, None]  # [G, K]
         if model is None:
             units = v / torch.where(norms > 0, norms, 1.0)[..., None]
-            self.rho_out = rho_out_from_buckets(bucket_max_measured(units, grid, self.sink_rank, v.dtype), grid)
+            self.rho_out = rho_out_measured(units, grid, self.sink_rank, v.dtype)
             # M_j(N) = sum_{l in I'} a_l <u_l, u_j> = <u_j, S(N)>, S(N) = sum_{l in I'} a_l u_l
             weight_in = torch.where(inside[None], a_ns[:, None, :], 0.0)  # [r, G, K]
             prefix = torch.matmul(weight_in, units)  # [r, G, d]
