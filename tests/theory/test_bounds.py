@@ -25,7 +25,7 @@ import tl_geometry
 from tl_geometry.capture.hooks import LayerBatch
 from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo
-from tl_geometry.theory.bounds import XI_STAR, Bounds, SimilarityModel, bounds, p_of_xi
+from tl_geometry.theory.bounds import XI_STAR, Bounds, SimilarityModel, bounds, max_p_over_outside, p_of_xi
 from tl_geometry.theory.observer import BOUNDS_COLUMNS, BoundsObserver, envelopes, join_bounds
 from tl_geometry.theory.size_phases import PiecewiseProfile, phase_boundaries, size_phases
 
@@ -240,6 +240,25 @@ def _row(k_keys=8, d=4, seed=0, sink_weight=0.5):
     w = w / w.sum()
     v = torch.randn(k_keys, d, generator=g, dtype=torch.float64) * 5
     return w, v
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_compiled_search_equals_torch_searchsorted(seed):
+    # the compiled bracketing of c_i + xi* sigma among the outside values against torch.searchsorted,
+    # bit for bit: ties (few distinct c), targets equal to an outside value (sigma = 0), c_j < c_i
+    g = torch.Generator().manual_seed(seed)
+    n_rows, k_keys = 5, 41
+    ns = torch.tensor([1, 2, 3, 7, 20, 40, 41])
+    c = torch.randint(-3, 4, (n_rows, ns.shape[0], k_keys), generator=g).to(torch.float64)
+    c[1] = torch.randn(ns.shape[0], k_keys, generator=g, dtype=torch.float64)
+    sigma = torch.rand(n_rows, ns.shape[0], generator=g, dtype=torch.float64)
+    sigma[2] = 0.0
+    sigma[3] = 1.0 / XI_STAR  # targets c_i + 1: on the integer outside values
+    got = max_p_over_outside(c, ns, sigma, compiled=True)
+    expected = max_p_over_outside(c, ns, sigma, compiled=False)
+    assert torch.equal(got[1], expected[1])
+    assert torch.equal(got[0], expected[0])
+    assert (got[0] == 0.5).any() and ((got[0] > 0) & (got[0] < 0.5)).any()
 
 
 def test_n_equal_1_and_k_give_ones():

@@ -30,6 +30,12 @@ from tl_geometry.core.layouts import causal_rows
 from tl_geometry.core.rankings import selection_order
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
 from tl_geometry.errors import InputError
+
+try:  # numba is a dependency; a broken install falls back to torch.searchsorted
+    import numba
+except ImportError:  # pragma: no cover - exercised where numba is missing
+    numba = None  # type: ignore[assignment]
+
 from tl_geometry.theory.boundary_cosines import bucket_max_matrix, rho_out_from_buckets, rho_out_measured
 
 #: Working-set size of one block of ``[rows, sizes, keys]`` tensors (a tuning knob only).
@@ -301,7 +307,7 @@ class _RowBlock:
         # upper bounds: mu_ij = c_j - c_i, c_t = a_t^2 - 2 a_t M_t(N)
         c = self.a[:, None, :] ** 2 - 2 * self.a[:, None, :] * self.m  # [r, G, K]
         sigma = scale / math.sqrt(2.0 * kappa * dim)  # [r, g]
-        p_max, size_of = _max_p_over_outside(c, ns, sigma)  # [r, L]: every inside key of every nontrivial N
+        p_max, size_of = max_p_over_outside(c, ns, sigma)  # [r, L]: every inside key of every nontrivial N
         index = size_of[None, :].expand_as(p_max)
         recall_upper = torch.zeros_like(scale).scatter_add_(1, index, 1.0 - p_max) / n_f
         precision_upper = 1.0 - torch.zeros_like(scale).scatter_reduce_(1, index, p_max, "amax") / (n_f + 1.0)
@@ -358,7 +364,7 @@ def _xi(diff: Tensor, sigma: Tensor) -> Tensor:
     )
 
 
-def _max_p_over_outside(c: Tensor, ns: Tensor, sigma: Tensor) -> tuple[Tensor, Tensor]:
+def max_p_over_outside(c: Tensor, ns: Tensor, sigma: Tensor, *, compiled: bool | None = None) -> tuple[Tensor, Tensor]:
     """``max_{j not in I_N} p((c_j - c_i) / sigma)`` for every inside key ``i`` of every ``1 < N < K``.
 
     ``c [r, G, K]`` in selection order (ranks ``< N`` inside), ``sigma [r, G]``. Returns the
@@ -367,6 +373,9 @@ def _max_p_over_outside(c: Tensor, ns: Tensor, sigma: Tensor) -> tuple[Tensor, T
     ``xi >= 0`` and, ``p`` being 0 at 0 and unimodal on ``xi > 0`` with its peak at ``XI_STAR``,
     the maximum is at one of the two outside values bracketing ``c_i + XI_STAR sigma``: one sort
     of the outside values per ``N`` and a binary search per inside key.
+
+    ``compiled``: the searches in one numba pass (None: where numba imports and ``c`` is on the
+    CPU) or with ``torch.searchsorted``; the results are the same, bit for bit.
     """
     n_rows, n_sizes, n_keys = c.shape
     rank = torch.arange(n_keys, device=c.device)
@@ -382,24 +391,98 @@ def _max_p_over_outside(c: Tensor, ns: Tensor, sigma: Tensor) -> tuple[Tensor, T
     c_in = c[:, size_of, rank_of]  # [r, L]
     sig = sigma[:, size_of]
     target = c_in + XI_STAR * sig
-    idx = torch.empty(n_rows, size_of.shape[0], dtype=torch.int64, device=c.device)
+    n_out = (n_keys - ns)[size_of]  # [L]
+    if compiled is None:
+        compiled = numba is not None and c.device.type == "cpu"
+    if compiled:
+        hi, hi_ok, lo, lo_ok, below = _bracket_compiled(outside_sorted, n_out, size_of, c_in, target)
+    else:
+        hi, hi_ok, lo, lo_ok, below = _bracket_torch(outside_sorted, n_out, sizes, size_of, c_in, target)
+    p_hi = torch.where(hi_ok, p_of_xi(_xi(torch.where(hi_ok, hi - c_in, 0.0), sig)), 0.0)
+    p_lo = torch.where(lo_ok, p_of_xi(_xi(torch.where(lo_ok, lo - c_in, 0.0), sig)), 0.0)
+    return torch.where(below, 0.5, torch.maximum(p_hi, p_lo)), size_of
+
+
+def _bracket_torch(
+    outside_sorted: Tensor, n_out: Tensor, sizes: list[tuple[int, int]], size_of: Tensor, c_in: Tensor, target: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The outside values bracketing ``target`` (and whether they count), and ``min outside < c_in``.
+
+    ``outside_sorted [G, r, K]`` (each size's outside values sorted, +inf after them), ``n_out``,
+    ``size_of [L]``, ``c_in`` and ``target [r, L]``. Returns ``hi`` (the first outside value
+    ``>= target``; ``hi_ok`` where there is one), ``lo`` (the one before it; ``lo_ok`` where there is
+    one and it is above ``c_in``) and ``below``, each ``[r, L]``. The reference of
+    :func:`_bracket_compiled`."""
+    n_rows, n_keys = outside_sorted.shape[1], outside_sorted.shape[2]
+    idx = torch.empty(c_in.shape, dtype=torch.int64, device=c_in.device)
     start = 0
     for g, n in sizes:  # first outside value >= target, within size g's own sorted outside values
         idx[:, start : start + n] = torch.searchsorted(
             outside_sorted[g], target[:, start : start + n].contiguous(), right=False
         )
         start += n
-    n_out = (n_keys - ns)[size_of]  # [L]
-    base = (size_of[None, :] * n_rows + torch.arange(n_rows, device=c.device)[:, None]) * n_keys  # [r, L]
+    base = (size_of[None, :] * n_rows + torch.arange(n_rows, device=c_in.device)[:, None]) * n_keys  # [r, L]
     hi = outside_sorted.take(base + idx.clamp(max=n_out - 1))
     hi_ok = idx < n_out
     lo_idx = idx - 1
     lo = outside_sorted.take(base + lo_idx.clamp(min=0))
     lo_ok = (lo_idx >= 0) & (lo > c_in)
     below = outside_sorted.take(base) < c_in  # some outside c_j < c_i: xi < 0
-    p_hi = torch.where(hi_ok, p_of_xi(_xi(torch.where(hi_ok, hi - c_in, 0.0), sig)), 0.0)
-    p_lo = torch.where(lo_ok, p_of_xi(_xi(torch.where(lo_ok, lo - c_in, 0.0), sig)), 0.0)
-    return torch.where(below, 0.5, torch.maximum(p_hi, p_lo)), size_of
+    return hi, hi_ok, lo, lo_ok, below
+
+
+def _bracket_compiled(
+    outside_sorted: Tensor, n_out: Tensor, size_of: Tensor, c_in: Tensor, target: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """:func:`_bracket_torch` in one compiled pass (the same binary search as ``torch.searchsorted``)."""
+    shape = c_in.shape
+    hi, lo = np.empty(shape, dtype=c_in.numpy().dtype), np.empty(shape, dtype=c_in.numpy().dtype)
+    hi_ok, lo_ok, below = (np.empty(shape, dtype=np.bool_) for _ in range(3))
+    _bracket_kernel(
+        outside_sorted.detach().numpy(),
+        n_out.numpy(),
+        size_of.numpy(),
+        c_in.detach().contiguous().numpy(),
+        target.detach().contiguous().numpy(),
+        hi,
+        hi_ok,
+        lo,
+        lo_ok,
+        below,
+    )
+    return (
+        torch.from_numpy(hi),
+        torch.from_numpy(hi_ok),
+        torch.from_numpy(lo),
+        torch.from_numpy(lo_ok),
+        torch.from_numpy(below),
+    )
+
+
+def _bracket(outside_sorted, n_out, size_of, c_in, target, hi, hi_ok, lo, lo_ok, below):  # pragma: no cover
+    """Per inside key ``key`` of row ``r``: torch.searchsorted's lower bound of ``target`` in its size's row."""
+    n_keys = outside_sorted.shape[2]
+    for r in range(c_in.shape[0]):
+        for key in range(c_in.shape[1]):
+            row = outside_sorted[size_of[key], r]
+            value = target[r, key]
+            start, end = 0, n_keys
+            while start < end:
+                mid = start + ((end - start) >> 1)
+                if not (row[mid] >= value):
+                    start = mid + 1
+                else:
+                    end = mid
+            n = n_out[key]
+            hi[r, key] = row[min(start, n - 1)]
+            hi_ok[r, key] = start < n
+            lo[r, key] = row[max(start - 1, 0)]
+            lo_ok[r, key] = start >= 1 and lo[r, key] > c_in[r, key]
+            below[r, key] = row[0] < c_in[r, key]
+
+
+if numba is not None:
+    _bracket_kernel = numba.njit(cache=True, nogil=True)(_bracket)
 
 
 def sort_last(x: Tensor) -> Tensor:
