@@ -12,6 +12,7 @@ observer.
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import numpy as np
@@ -259,6 +260,25 @@ def test_compiled_search_equals_torch_searchsorted(seed):
     assert torch.equal(got[1], expected[1])
     assert torch.equal(got[0], expected[0])
     assert (got[0] == 0.5).any() and ((got[0] > 0) & (got[0] < 0.5)).any()
+
+
+@pytest.mark.parametrize("ns", ["log", None])
+def test_compiled_passes_equal_the_torch_reference(monkeypatch, ns):
+    # bounds with the numba passes (units, screen bookkeeping, searches) against the same bounds
+    # with numba hidden from both modules (the torch reference): equal bit for bit
+    g = torch.Generator().manual_seed(5)
+    weights = torch.softmax(3 * torch.randn(4, 60, generator=g, dtype=torch.float64), dim=-1)
+    values = torch.randn(4, 60, 9, generator=g, dtype=torch.float64)
+    values[1, 3] = 0.0  # a zero vector: divided by 1
+    values[2, 8] = values[2, 1]
+    values[3] = values[3, :1] + 1e-7 * values[3]  # near-ties of the cosines
+    got = bounds(weights, values, ns)
+    for name in ("tl_geometry.theory.bounds", "tl_geometry.theory.boundary_cosines"):
+        monkeypatch.setattr(importlib.import_module(name), "numba", None)
+    expected = bounds(weights, values, ns)
+    for name in ("precision_lower", "precision_upper", "recall_lower", "recall_upper", "delta0", "scale"):
+        assert torch.equal(getattr(got, name), getattr(expected, name)), name
+    assert torch.equal(got.delta.nan_to_num(7.0), expected.delta.nan_to_num(7.0))
 
 
 def test_n_equal_1_and_k_give_ones():

@@ -253,8 +253,12 @@ class _RowBlock:
         self.n_keys, self.grid = n_keys, grid
         order = selection_order(weights)  # the selection order of definitions §2
         alpha = torch.gather(weights, -1, order)
-        v = values[torch.arange(order.shape[0], device=order.device)[:, None], order]  # [r, K, d]
-        norms = torch.linalg.vector_norm(v, dim=-1)
+        fused = numba is not None and values.device.type == "cpu" and values.stride(-1) == 1 and model is None
+        if fused:  # the norms of the values in place, then units gathered and divided in one pass
+            norms = torch.linalg.vector_norm(values, dim=-1).gather(-1, order)
+        else:
+            v = values[torch.arange(order.shape[0], device=order.device)[:, None], order]  # [r, K, d]
+            norms = torch.linalg.vector_norm(v, dim=-1)
         a = alpha * norms  # a_t in selection order, [r, K]
         self.a = a
         sink = order == 0  # [r, K], one True per row
@@ -268,14 +272,14 @@ class _RowBlock:
         self.a_out_max = _pad_last(_suffix_max(a, dim=-1), 0.0)[:, grid]  # empty outside (N = K): 0
         inside = torch.arange(n_keys, device=grid.device)[None, :] < grid[:, None]  # [G, K]
         if model is None:
-            units = v / torch.where(norms > 0, norms, 1.0)[..., None]
-            self.rho_out = rho_out_measured(units, grid, self.sink_rank, v.dtype)
+            units = sorted_units(values, order, norms) if fused else v / torch.where(norms > 0, norms, 1.0)[..., None]
+            self.rho_out = rho_out_measured(units, grid, self.sink_rank, values.dtype)
             # M_j(N) = sum_{l in I'} a_l <u_l, u_j> = <u_j, S(N)>, S(N) = sum_{l in I'} a_l u_l
             weight_in = torch.where(inside[None], a_ns[:, None, :], 0.0)  # [r, G, K]
             prefix = torch.matmul(weight_in, units)  # [r, G, d]
             self.m = torch.matmul(prefix, units.transpose(1, 2))  # [r, G, K]
         else:
-            rho = model.cosines(order, order, dtype=v.dtype)  # [r, K, K], symmetric
+            rho = model.cosines(order, order, dtype=values.dtype)  # [r, K, K], symmetric
             self.rho_out = rho_out_from_buckets(bucket_max_matrix(rho, grid, self.sink_rank), grid)
             weight_in = torch.where(inside[None], a_ns[:, None, :], 0.0)  # [r, G, K]
             self.m = einops.einsum(weight_in, rho, "r g l, r l k -> r g k")
@@ -326,6 +330,40 @@ class _RowBlock:
             "delta0": delta0,
             "scale": scale,
         }
+
+
+def sorted_units(
+    values: Float[Tensor, "r k d"], order: Int[Tensor, "r k"], norms: Float[Tensor, "r k"]
+) -> Float[Tensor, "r k d"]:
+    """``values`` in selection ``order`` divided by their ``norms`` (1 for a zero norm), in one compiled pass.
+
+    The same values as ``values[rows, order] / norms`` in torch (one IEEE division per entry).
+
+    >>> import torch
+    >>> values, order = torch.randn(2, 5, 3, dtype=torch.float64), torch.tensor([[4, 0, 1, 3, 2], [0, 1, 2, 3, 4]])
+    >>> norms = values.norm(dim=-1).gather(-1, order)
+    >>> torch.equal(sorted_units(values, order, norms), values[torch.arange(2)[:, None], order] / norms[..., None])
+    True
+    """
+    out = np.empty((*order.shape, values.shape[-1]), dtype=values.detach().numpy().dtype)
+    _units_kernel(values.detach().numpy(), order.numpy(), norms.detach().numpy(), out)
+    return torch.from_numpy(out)
+
+
+def _units(values, order, norms, out):  # pragma: no cover - compiled
+    """``out[r, t] = values[r, order[r, t]] / norms[r, t]`` (``/ 1`` where the norm is 0)."""
+    for r in range(order.shape[0]):
+        for t in range(order.shape[1]):
+            norm = norms[r, t]
+            if not norm > 0:
+                norm = 1.0
+            src = order[r, t]
+            for i in range(values.shape[2]):
+                out[r, t, i] = values[r, src, i] / norm
+
+
+if numba is not None:
+    _units_kernel = numba.njit(cache=True, nogil=True)(_units)
 
 
 def _suffix_max(x: Tensor, dim: int) -> Tensor:
