@@ -26,7 +26,16 @@ import tl_geometry
 from tl_geometry.capture.hooks import LayerBatch
 from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo
-from tl_geometry.theory.bounds import XI_STAR, Bounds, SimilarityModel, bounds, max_p_over_outside, p_of_xi
+from tl_geometry.theory.bounds import (
+    XI_STAR,
+    Bounds,
+    SimilarityModel,
+    bounds,
+    max_p_over_outside,
+    p_of_xi,
+    sort_last,
+    sorted_outside,
+)
 from tl_geometry.theory.observer import BOUNDS_COLUMNS, BoundsObserver, envelopes, join_bounds
 from tl_geometry.theory.size_phases import PiecewiseProfile, phase_boundaries, size_phases
 
@@ -255,6 +264,9 @@ def test_compiled_search_equals_torch_searchsorted(seed):
     sigma = torch.rand(n_rows, ns.shape[0], generator=g, dtype=torch.float64)
     sigma[2] = 0.0
     sigma[3] = 1.0 / XI_STAR  # targets c_i + 1: on the integer outside values
+    inside = torch.arange(k_keys)[None, :] < ns[:, None]
+    masked = sort_last(torch.where(inside[:, None], torch.inf, c.transpose(0, 1)))
+    assert torch.equal(sorted_outside(c, ns), masked)  # per-size sorts against one masked sort
     got = max_p_over_outside(c, ns, sigma, compiled=True)
     expected = max_p_over_outside(c, ns, sigma, compiled=False)
     assert torch.equal(got[1], expected[1])

@@ -416,10 +416,7 @@ def max_p_over_outside(c: Tensor, ns: Tensor, sigma: Tensor, *, compiled: bool |
     CPU) or with ``torch.searchsorted``; the results are the same, bit for bit.
     """
     n_rows, n_sizes, n_keys = c.shape
-    rank = torch.arange(n_keys, device=c.device)
-    inside = rank[None, :] < ns[:, None]  # [G, K]
-    # per N, the outside values sorted first and +inf after them
-    outside_sorted = sort_last(torch.where(inside[:, None], torch.inf, c.transpose(0, 1)))  # [G, r, K]
+    outside_sorted = sorted_outside(c, ns)  # [G, r, K]
     sizes = [(g, int(n)) for g, n in enumerate(ns.tolist()) if 1 < n < n_keys]
     size_of = torch.cat(
         [torch.full((n,), g, dtype=torch.int64) for g, n in sizes] or [torch.zeros(0, dtype=torch.int64)]
@@ -521,6 +518,29 @@ def _bracket(outside_sorted, n_out, size_of, c_in, target, hi, hi_ok, lo, lo_ok,
 
 if numba is not None:
     _bracket_kernel = numba.njit(cache=True, nogil=True)(_bracket)
+
+
+def sorted_outside(c: Float[Tensor, "r g k"], ns: Int[Tensor, " g"]) -> Float[Tensor, "g r k"]:
+    """Per size ``N_g`` and row, the outside values ``c[r, g, N_g:]`` sorted, then ``+inf`` up to ``K``.
+
+    On the CPU each size's outside values are copied and sorted in place with numpy (the inside
+    ones are never sorted); elsewhere one masked :func:`sort_last`.
+
+    >>> import torch
+    >>> sorted_outside(torch.tensor([[[3.0, 1.0, 2.0], [3.0, 1.0, 2.0]]]), torch.tensor([1, 2])).tolist()
+    [[[1.0, 2.0, inf]], [[2.0, inf, inf]]]
+    """
+    n_rows, _, n_keys = c.shape
+    if c.device.type != "cpu" or c.dtype not in (torch.float32, torch.float64):
+        inside = torch.arange(n_keys, device=c.device)[None, :] < ns[:, None]  # [G, K]
+        return sort_last(torch.where(inside[:, None], torch.inf, c.transpose(0, 1)))
+    values = c.detach().numpy()
+    out = np.empty((ns.shape[0], n_rows, n_keys), dtype=values.dtype)
+    for g, n in enumerate(ns.tolist()):
+        out[g, :, : n_keys - n] = values[:, g, n:]
+        out[g, :, n_keys - n :] = np.inf
+        out[g, :, : n_keys - n].sort(axis=-1)
+    return torch.from_numpy(out)
 
 
 def sort_last(x: Tensor) -> Tensor:
