@@ -272,6 +272,8 @@ def test_compiled_search_equals_torch_searchsorted(seed):
     assert torch.equal(got[1], expected[1])
     assert torch.equal(got[0], expected[0])
     assert (got[0] == 0.5).any() and ((got[0] > 0) & (got[0] < 0.5)).any()
+    with pytest.raises(InputError, match="compiled=True needs numba"):
+        max_p_over_outside(c.to("meta"), ns, sigma, compiled=True)
 
 
 @pytest.mark.parametrize("ns", ["log", None])

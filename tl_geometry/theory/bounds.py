@@ -415,6 +415,10 @@ def max_p_over_outside(c: Tensor, ns: Tensor, sigma: Tensor, *, compiled: bool |
     ``compiled``: the searches in one numba pass (None: where numba imports and ``c`` is on the
     CPU) or with ``torch.searchsorted``; the results are the same, bit for bit.
     """
+    if compiled is None:
+        compiled = numba is not None and c.device.type == "cpu"
+    elif compiled and (numba is None or c.device.type != "cpu"):
+        raise InputError("compiled=True needs numba and CPU tensors; use compiled=False (torch.searchsorted)")
     n_rows, n_sizes, n_keys = c.shape
     outside_sorted = sorted_outside(c, ns)  # [G, r, K]
     sizes = [(g, int(n)) for g, n in enumerate(ns.tolist()) if 1 < n < n_keys]
@@ -427,8 +431,6 @@ def max_p_over_outside(c: Tensor, ns: Tensor, sigma: Tensor, *, compiled: bool |
     sig = sigma[:, size_of]
     target = c_in + XI_STAR * sig
     n_out = (n_keys - ns)[size_of]  # [L]
-    if compiled is None:
-        compiled = numba is not None and c.device.type == "cpu"
     if compiled:
         hi, hi_ok, lo, lo_ok, below = _bracket_compiled(outside_sorted, n_out, size_of, c_in, target)
     else:
