@@ -137,6 +137,10 @@ def main() -> None:
     model = tlg.load_model("smollm2-135m", device=args.device)
     print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     main_job = dict(diagnostics=True, bounds=True, taxonomy=True, ns="log")
+    warm = tlg.corpus_tokens(model, tlg.corpus.python_docs(n_seqs=1, seq_len=64))
+    for dtype in (torch.float64, torch.float32):  # numba's start-up and compiles (per dtype), untimed
+        for kwargs in (main_job, dict(ns="all", taxonomy=False), dict(ns="log", query_positions="all")):
+            tlg.analyze(model, warm, progress=False, dtype=dtype, **kwargs)
     ratio(model, "run analysis (diagnostics + envelopes + taxonomy + separability, log) / forward [target <= 0.3]",
           n, args.seq_len, 2, **main_job)  # fmt: skip
     ratio(model, "  same, --analysis-dtype float32", n, args.seq_len, 2, dtype=torch.float32, **main_job)
