@@ -80,6 +80,12 @@ def test_the_cells_to_recheck_outgrow_their_first_buffer():
     assert_bit_identical(ref, got)
 
 
+def kernel_layout(x, *per_key):
+    """``x`` [P, K, E, G] and the per-key arrays [P, K, E] in the kernel's layouts [P, E, G, K] and
+    [P, E, K]."""
+    return np.ascontiguousarray(x.transpose(0, 2, 3, 1)), *(np.ascontiguousarray(a.swapaxes(1, 2)) for a in per_key)
+
+
 def screen_by_hand(coef: float, absolute: float):
     """One group, one row of three keys, sizes 1 and 2 (Euclidean, E = ||y||^2 - 2 <y, s>)."""
     x = np.array([[[[1.0, 1.0]], [[0.0, 0.5]], [[2.0, 0.0]]]])  # [P=1, K=3, E=1, G=2]
@@ -89,6 +95,7 @@ def screen_by_hand(coef: float, absolute: float):
     ns = np.array([[1, 2]])
     s = np.ones((1, 1, 2))
     absolute = np.full((1, 1, 2), absolute)
+    x, w, v_norm, rank = kernel_layout(x, w, v_norm, rank)
     return fused.screen_counts(x, w, v_norm, rank, ns, np.array([2]), coef, absolute, s, given=False)
 
 
@@ -117,11 +124,12 @@ def test_a_key_of_wide_band_stays_a_candidate_for_r_max():
     x = np.array([[[[0.5]], [[2.25]]]])  # [P=1, K=2, E=1, G=1]: E = ||y||^2 - 2 x
     v_norm = np.array([[[1.0], [2.0]]])
     s = np.ones((1, 1, 1))
+    x, w, v_norm, rank = kernel_layout(x, np.ones((1, 2, 1)), v_norm, np.array([[[0], [1]]]))
     counts, cells = fused.screen_counts(
         x,
-        np.ones((1, 2, 1)),
+        w,
         v_norm,
-        np.array([[[0], [1]]]),
+        rank,
         np.array([[2]]),
         np.array([1]),
         0.1,
@@ -139,18 +147,51 @@ def test_unknown_kernel_is_refused():
         separability_queries(weights, values, list(range(4)), kv_heads(4, 2), kernel="cuda")
 
 
-def test_sizes_out_of_order_are_refused():
-    """The kernel splits each key's sizes at the first that selects it: the sizes must be sorted."""
-    with pytest.raises(ValueError, match="non-decreasing"):
-        fused.screen_counts(
-            np.zeros((1, 1, 1, 2)),
-            np.ones((1, 1, 1)),
-            np.ones((1, 1, 1)),
-            np.zeros((1, 1, 1), dtype=np.int64),
-            np.array([[2, 1]]),
-            np.array([1]),
-            0.0,
-            np.zeros((1, 1, 2)),
-            np.ones((1, 1, 2)),
-            given=False,
-        )
+def screen_by_loops(x, w, v_norm, rank, ns, q, coef, absolute, s_norm):
+    """The documented decisions, one cell at a time (float64 Euclidean screen): counts [2, P, E, G]
+    and the four lists of flat [P, K, E, G] cells (``x`` [P, K, G, E])."""
+    n_groups, n_keys, n_sizes, n_rows = x.shape
+    e_val = (w * v_norm)[:, :, None] ** 2 - 2 * w[:, :, None] * x  # [P, K, G, E]
+    y = w * v_norm
+    band = coef * (y * y)[:, :, None] + 2 * coef * y[:, :, None] * s_norm.swapaxes(1, 2)[:, None]
+    band = band + absolute.swapaxes(1, 2)[:, None]
+    lo, hi = e_val - band, e_val + band
+    counts = np.zeros((2, n_groups, n_rows, n_sizes), dtype=np.int64)
+    cells = [[], [], [], []]
+    for p in range(n_groups):
+        for r in range(n_rows):
+            for g in range(n_sizes):
+                real = [k for k in range(q[r] + 1)]
+                inside = [k for k in real if rank[p, k, r] < ns[r, g]]
+                outside = [k for k in real if rank[p, k, r] >= ns[r, g]]
+                m_max = max([lo[p, k, g, r] for k in inside], default=-np.inf)
+                p_max = max([hi[p, k, g, r] for k in inside], default=-np.inf)
+                m_min = min([lo[p, k, g, r] for k in outside], default=np.inf)
+                p_min = min([hi[p, k, g, r] for k in outside], default=np.inf)
+                counts[0, p, r, g] = sum(hi[p, k, g, r] <= m_max for k in outside)
+                counts[1, p, r, g] = sum(hi[p, k, g, r] <= m_min for k in inside)
+                flat = {k: ((p * n_keys + k) * n_rows + r) * n_sizes + g for k in real}
+                cells[0] += [flat[k] for k in inside if hi[p, k, g, r] >= m_max]
+                cells[1] += [flat[k] for k in outside if lo[p, k, g, r] <= p_min]
+                cells[2] += [flat[k] for k in outside if m_max < hi[p, k, g, r] and lo[p, k, g, r] <= p_max]
+                cells[3] += [flat[k] for k in inside if m_min < hi[p, k, g, r] and lo[p, k, g, r] <= p_min]
+    return counts, [sorted(c) for c in cells]
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 2), st.integers(1, 9), st.integers(1, 11), st.integers(0, 2**16))
+def test_screen_counts_equal_the_loops_over_every_row(n_groups, n_keys, n_rows, seed):
+    """Several engine rows of different lengths (padding keys) and sizes in any order, a wide band:
+    the kernel's counts and cells equal the decisions made one cell at a time."""
+    rng = np.random.default_rng(seed)
+    q = rng.integers(0, n_keys, n_rows)
+    ns = rng.integers(1, q[:, None] + 2, (n_rows, 3))  # in any order
+    x = np.round(rng.normal(size=(n_groups, n_keys, 3, n_rows)), 1)  # ties
+    w, v_norm = rng.uniform(0, 1, (n_groups, n_keys, n_rows)), rng.uniform(0, 2, (n_groups, n_keys, n_rows))
+    rank = np.argsort(rng.uniform(size=(n_groups, n_rows, n_keys)), axis=-1).argsort(axis=-1).swapaxes(1, 2)
+    absolute, s_norm = rng.uniform(0, 0.3, (n_groups, n_rows, 3)), rng.uniform(0, 2, (n_groups, n_rows, 3))
+    in_layout = kernel_layout(x.swapaxes(2, 3), w, v_norm, rank)
+    counts, cells = fused.screen_counts(*in_layout, ns, q, 0.05, absolute, s_norm, given=False)
+    ref_counts, ref_cells = screen_by_loops(x, w, v_norm, rank, ns, q, 0.05, absolute, s_norm)
+    assert np.array_equal(counts, ref_counts)
+    assert [c.tolist() for c in cells] == ref_cells

@@ -3,13 +3,15 @@
 For every engine row ``e`` and size ``g`` of a block, the screening value of key ``i`` is
 ``E_i = ||y_i||^2 - 2 <y_i, s>`` (Euclidean) or ``1 - <y_i, s> / (||y_i|| ||s|| + eps)`` (cosine),
 from the block's one product ``x = <v_i, s>`` (definitions §2), with a band of its own,
-``coef ||y_i|| (||y_i|| + 2 ||s||) + absolute`` (docs/engine.md derives it). The kernel reads ``x``
-twice per row (the extremes of ``E -+ band``, then the counts) and returns the keys surely within each
-radius and the keys to measure in float64, in the order ``Tensor.nonzero`` gives them (row-major).
-The arithmetic of ``E`` is that of the torch screen, operation by operation, in the screen's dtype.
+``coef ||y_i|| (||y_i|| + 2 ||s||) + absolute`` (docs/engine.md derives it). The kernel reads each
+row's keys twice per size (the extremes of ``E -+ band``, then the counts), along the keys
+(contiguous, up to the row's last key; selection as selects: no branch), and returns the keys surely within each
+radius and the keys to measure in float64, in the order ``Tensor.nonzero`` gives them on
+``[P, K, E, G]``. The arithmetic of ``E`` is that of the torch screen, operation by operation, in
+the screen's dtype (no fast-math: nothing reassociated or contracted).
 
 Example: ``screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, given=False)`` for the
-``[P, K, E, G]`` products ``x`` of a block.
+``[P, E, G, K]`` products ``x`` of a block.
 """
 
 from __future__ import annotations
@@ -52,24 +54,55 @@ def check_kernel(kernel: str | None) -> str:
     return kernel
 
 
-def _bounds(x, w, v_norm, rank, ns, coef, absolute, s_norm, one, given, p, k, r, e, band):  # pragma: no cover
-    """``E`` (in the screen's dtype, as the torch screen forms it) and the band of key ``k`` of row
-    ``r`` at every size, into ``e`` and ``band``; returns the first size that selects the key."""
-    wk = w[p, k, r]
-    y_len = wk * v_norm[p, k, r]
-    xs = x[p, k, r]
-    if given:  # x holds E itself (the cosine's): E = 0 - (-1) x, exactly
-        sq, w2 = one - one, -one
-    else:
-        sq, w2 = y_len * y_len, wk + wk
-    for g in range(xs.shape[0]):
-        e[g] = sq - w2 * xs[g]  # torch.addcmul(sq, w, x, value=-2)
-    y = np.float64(wk) * np.float64(v_norm[p, k, r])
-    cy2, cy = coef * (y * y), 2 * coef * y
-    s_row, absolute_row = s_norm[p, r], absolute[p, r]
-    for g in range(xs.shape[0]):
-        band[g] = cy2 + cy * s_row[g] + absolute_row[g]
-    return np.searchsorted(ns[r], rank[p, k, r], side="right")  # the sizes are non-decreasing
+def _row_terms(w, v_norm, coef, one, given, sq, w2, cy2, cy):  # pragma: no cover - compiled
+    """The terms of ``E`` (screen dtype) and of the band (float64) of every key of one engine row."""
+    for k in range(sq.shape[0]):
+        wk = w[k]
+        y_len = wk * v_norm[k]
+        if given:  # x holds E itself (the cosine's): E = 0 - (-1) x, exactly
+            sq[k], w2[k] = one - one, -one
+        else:
+            sq[k], w2[k] = y_len * y_len, wk + wk
+        y = np.float64(wk) * np.float64(v_norm[k])
+        cy2[k], cy[k] = coef * (y * y), 2 * coef * y
+
+
+def _extremes(x, sq, w2, cy2, cy, rank, n, s, absolute, last):  # pragma: no cover - compiled
+    """``max M``, ``max P`` over the selected keys (``rank < n``) and ``min M``, ``min P`` over the
+    unselected ones of one row and size, ``M, P = E -+ band``: selects, no branch."""
+    m_max, p_max, m_min, p_min = -np.inf, -np.inf, np.inf, np.inf
+    for k in range(last):
+        value = np.float64(sq[k] - w2[k] * x[k])  # torch.addcmul(sq, w, x, value=-2)
+        band = cy2[k] + cy[k] * s + absolute
+        lo, hi = value - band, value + band
+        selected = rank[k] < n
+        t = lo if selected else -np.inf
+        m_max = t if t > m_max else m_max
+        t = hi if selected else -np.inf
+        p_max = t if t > p_max else p_max
+        t = np.inf if selected else lo
+        m_min = t if t < m_min else m_min
+        t = np.inf if selected else hi
+        p_min = t if t < p_min else p_min
+    return m_max, p_max, m_min, p_min
+
+
+def _decisions(x, sq, w2, cy2, cy, rank, n, s, absolute, last, m_max, p_max, m_min, p_min, flagged):  # pragma: no cover
+    """The keys of one row and size surely within ``r_max`` (unselected) and ``r_min`` (selected), and
+    which keys to measure (``flagged``): branch-free, vectorised by LLVM."""
+    within_max, within_min = 0, 0
+    for k in range(last):
+        value = np.float64(sq[k] - w2[k] * x[k])
+        band = cy2[k] + cy[k] * s + absolute
+        lo, hi = value - band, value + band
+        selected = rank[k] < n
+        sure_out, sure_in = hi <= m_max, hi <= m_min
+        within_max += (not selected) & sure_out
+        within_min += selected & sure_in
+        near_out = (lo <= p_min) | ((not sure_out) & (lo <= p_max))
+        near_in = (hi >= m_max) | ((not sure_in) & (lo <= p_min))
+        flagged[k] = (selected & near_in) | ((not selected) & near_out)
+    return within_max, within_min
 
 
 def _grow(cells):  # pragma: no cover - compiled
@@ -80,71 +113,50 @@ def _grow(cells):  # pragma: no cover - compiled
 
 
 def _screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, one, given, counts, cells):  # pragma: no cover
+    # x [P, E, G, K]; w, v_norm, rank [P, E, K]; ns [E, G]; q [E]; absolute, s_norm [P, E, G].
     # counts [2, P, E, G]: the unselected keys surely within r_max, the selected surely within r_min;
     # cells [4, capacity]: flat [P, K, E, G] indices of r_max's candidates, r_min's candidates, the
-    # unselected keys undecided against r_max and the selected undecided against r_min, in order.
-    # Key k of row r is selected at the sizes g >= first (ns[r] is non-decreasing): two plain loops
-    # over the sizes instead of a branch per cell.
-    n_groups, n_keys, n_rows, n_sizes = x.shape
+    # unselected keys undecided against r_max and the selected undecided against r_min. Each row
+    # and size is two passes along its keys (contiguous; keys after the row's last never read).
+    n_groups, n_rows, n_sizes, n_keys = x.shape
     n_cells = np.zeros(4, dtype=np.int64)
-    m_max, p_max = np.empty((n_rows, n_sizes)), np.empty((n_rows, n_sizes))
-    m_min, p_min = np.empty((n_rows, n_sizes)), np.empty((n_rows, n_sizes))
-    e, band = np.empty(n_sizes), np.empty(n_sizes)
+    sq, w2 = np.empty(n_keys, dtype=x.dtype), np.empty(n_keys, dtype=x.dtype)
+    cy2, cy = np.empty(n_keys), np.empty(n_keys)
+    flagged = np.empty(n_keys, dtype=np.bool_)
     for p in range(n_groups):
-        m_max[:], p_max[:], m_min[:], p_min[:] = -np.inf, -np.inf, np.inf, np.inf
-        for k in range(n_keys):  # the extremes of the bounds M = E - band, P = E + band
-            for r in range(n_rows):
-                if k > q[r]:  # padding
-                    continue
-                first = _bounds(x, w, v_norm, rank, ns, coef, absolute, s_norm, one, given, p, k, r, e, band)
-                lo_min, hi_min, lo_max, hi_max = m_min[r], p_min[r], m_max[r], p_max[r]
-                for g in range(first):
-                    lo, hi = e[g] - band[g], e[g] + band[g]
-                    lo_min[g] = lo if lo < lo_min[g] else lo_min[g]
-                    hi_min[g] = hi if hi < hi_min[g] else hi_min[g]
-                for g in range(first, n_sizes):
-                    lo, hi = e[g] - band[g], e[g] + band[g]
-                    lo_max[g] = lo if lo > lo_max[g] else lo_max[g]
-                    hi_max[g] = hi if hi > hi_max[g] else hi_max[g]
-        for k in range(n_keys):  # the counts, and the keys to measure
-            for r in range(n_rows):
-                if k > q[r]:
-                    continue
-                first = _bounds(x, w, v_norm, rank, ns, coef, absolute, s_norm, one, given, p, k, r, e, band)
-                lo_min, hi_min, lo_max, hi_max = m_min[r], p_min[r], m_max[r], p_max[r]
-                within_max, within_min = counts[0, p, r], counts[1, p, r]
-                flagged = False
-                for g in range(first):  # unselected
-                    lo, hi = e[g] - band[g], e[g] + band[g]
-                    sure = hi <= lo_max[g]
-                    within_max[g] += sure
-                    flagged |= (lo <= hi_min[g]) | ((not sure) & (lo <= hi_max[g]))
-                for g in range(first, n_sizes):  # selected
-                    lo, hi = e[g] - band[g], e[g] + band[g]
-                    sure = hi <= lo_min[g]
-                    within_min[g] += sure
-                    flagged |= (hi >= lo_max[g]) | ((not sure) & (lo <= hi_min[g]))
-                if not flagged:  # most keys: nothing to measure
-                    continue
-                if n_cells.max() + n_sizes > cells.shape[1]:  # room for this key's cells
+        for r in range(n_rows):
+            last = q[r] + 1
+            _row_terms(w[p, r], v_norm[p, r], coef, one, given, sq, w2, cy2, cy)
+            rank_r = rank[p, r]
+            for g in range(n_sizes):
+                x_row, n, s, band0 = x[p, r, g], ns[r, g], s_norm[p, r, g], absolute[p, r, g]
+                m_max, p_max, m_min, p_min = _extremes(x_row, sq, w2, cy2, cy, rank_r, n, s, band0, last)
+                counts[0, p, r, g], counts[1, p, r, g] = _decisions(
+                    x_row, sq, w2, cy2, cy, rank_r, n, s, band0, last, m_max, p_max, m_min, p_min, flagged
+                )
+                if n_cells.max() + last > cells.shape[1]:  # room for this row's cells
                     cells = _grow(cells)
-                base = ((p * n_keys + k) * n_rows + r) * n_sizes
                 c0, c1, c2, c3 = n_cells[0], n_cells[1], n_cells[2], n_cells[3]
-                for g in range(n_sizes):  # in flat order
-                    lo, hi = e[g] - band[g], e[g] + band[g]
-                    if g >= first:
-                        if hi >= lo_max[g]:  # may be the farthest selected key
-                            cells[0, c0] = base + g
+                for k in range(last):  # the few flagged keys: their cells
+                    if not flagged[k]:
+                        continue
+                    value = np.float64(sq[k] - w2[k] * x_row[k])
+                    band = cy2[k] + cy[k] * s + band0
+                    lo, hi = value - band, value + band
+                    flat = ((p * n_keys + k) * n_rows + r) * n_sizes + g
+                    if rank_r[k] < n:
+                        if hi >= m_max:  # may be the farthest selected key
+                            cells[0, c0] = flat
                             c0 += 1
-                        if hi > lo_min[g] and lo <= hi_min[g]:
-                            cells[3, c3] = base + g
+                        if hi > m_min and lo <= p_min:
+                            cells[3, c3] = flat
                             c3 += 1
                     else:
-                        if lo <= hi_min[g]:  # may be the nearest unselected key
-                            cells[1, c1] = base + g
+                        if lo <= p_min:  # may be the nearest unselected key
+                            cells[1, c1] = flat
                             c1 += 1
-                        if hi > lo_max[g] and lo <= hi_max[g]:
-                            cells[2, c2] = base + g
+                        if hi > m_max and lo <= p_max:
+                            cells[2, c2] = flat
                             c2 += 1
                 n_cells[0], n_cells[1], n_cells[2], n_cells[3] = c0, c1, c2, c3
     return n_cells, cells
@@ -185,7 +197,9 @@ _compiled: Any = None
 _compiled_sums: Any = None
 _compiled_differences: Any = None
 if AVAILABLE:
-    _bounds = numba.njit(cache=True, inline="always")(_bounds)
+    _row_terms = numba.njit(cache=True, inline="always")(_row_terms)
+    _extremes = numba.njit(cache=True)(_extremes)
+    _decisions = numba.njit(cache=True)(_decisions)
     _grow = numba.njit(cache=True, inline="never")(_grow)
     _compiled = numba.njit(cache=True, nogil=True)(_screen_counts)
     _compiled_sums = numba.njit(cache=True, nogil=True)(_prefix_sums)
@@ -214,16 +228,17 @@ def screen_counts(
 
     Parameters
     ----------
-    x : [P, K, E, G] screen dtype
-        ``<v_i, s(N)>`` of every group, key, engine row and size, in the rows' scale (or ``E``: ``given``).
-    w : [P, K, E] screen dtype
+    x : [P, E, G, K] screen dtype
+        ``<v_i, s(N)>`` of every group, engine row, size and key, in the rows' scale (or ``E``:
+        ``given``); the keys innermost: the kernel's loops run along them.
+    w : [P, E, K] screen dtype
         The rows' scaled weights.
-    v_norm : [P, K, E] screen dtype
+    v_norm : [P, E, K] screen dtype
         ``||v_i||`` in each row's scale.
-    rank : [P, K, E] int64
+    rank : [P, E, K] int64
         Each key's place in its row's selection order.
     ns : [E, G] int64
-        The sizes of each row, non-decreasing along each row.
+        The sizes of each row (in any order).
     q : [E] int64
         Each row's last key (keys after it are padding, never read).
     coef : float
@@ -248,13 +263,11 @@ def screen_counts(
     """
     if _compiled is None:  # pragma: no cover
         raise RuntimeError("the fused kernel needs numba: pip install numba, or use kernel='torch'")
-    if ns.shape[1] > 1 and bool((ns[:, 1:] < ns[:, :-1]).any()):
-        raise ValueError("screen_counts needs each row's sizes ns in non-decreasing order")
     one = np.ones((), dtype=x.dtype)[()]  # in the screen's dtype: float32 arithmetic stays float32
     counts = np.zeros((2, *absolute.shape), dtype=np.int64)
     cells = np.empty((4, 2 * absolute.size + 256), dtype=np.int64)  # usually enough; grown if not
     n_cells, cells = _compiled(x, w, v_norm, rank, ns, q, float(coef), absolute, s_norm, one, given, counts, cells)
-    return counts, [cells[c, : n_cells[c]] for c in range(4)]
+    return counts, [np.sort(cells[c, : n_cells[c]]) for c in range(4)]
 
 
 def prefix_sums(v: Tensor, order: Tensor, factor: Tensor, at: Tensor, last: Tensor) -> tuple[Tensor, Tensor]:

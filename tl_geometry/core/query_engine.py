@@ -543,29 +543,29 @@ class _Screen:
         gap = rows.block_exp[:, None] - value_exp  # [P, E] >= 0
         screened = gap <= MAX_SCALE_GAP
         s_scaled = torch.where(screened[..., None, None], times_pow2(centers, gap[..., None, None]), 0.0)
-        x = torch.bmm(rows.v_block.to(dtype), einops.rearrange(s_scaled.to(dtype), "p e n d -> p d (e n)"))
-        x = x.view(n_groups, n_keys, n_rows, n_sizes)  # <v_i, s> in the rows' scale
-        # ||v_i|| in each row's scale, from the block's values (no overflow): [P, K, E] float64
+        # [P, E, G, K]: the keys innermost, along which the compiled kernel runs
+        x = torch.bmm(einops.rearrange(s_scaled.to(dtype), "p e n d -> p (e n) d"), rows.v_block.to(dtype).mT)
+        x = x.view(n_groups, n_rows, n_sizes, n_keys)  # <v_i, s> in the rows' scale
+        # ||v_i|| in each row's scale, from the block's values (no overflow): [P, E, K] float64
         # (0 for the rows not screened: their screening values are 0, every key is decided directly)
-        v_norm = times_pow2(torch.linalg.vector_norm(rows.v_block, dim=-1)[:, :, None], gap[:, None, :])
-        v_norm = torch.where(screened[:, None, :], v_norm, 0.0)
+        v_norm = times_pow2(torch.linalg.vector_norm(rows.v_block, dim=-1)[:, None, :], gap[:, :, None])
+        v_norm = torch.where(screened[:, :, None], v_norm, 0.0)
         s_norm = torch.linalg.vector_norm(centers, dim=-1)  # [P, E, G] float64
         coef, absolute = _band(dim, dtype, p.distance, s_norm, gap, screened)
         eps = COSINE_EPS * pow2(-2 * (weight_exp + value_exp))
         screen = cls(rows, w_rows, value_exp, ns, q, rank, centers, eps)
-        as_keys = "p e k -> p k e"
-        w_keys, v_keys = einops.rearrange(w_rows, as_keys).to(dtype), v_norm.to(dtype)
-        w_t, v_t = w_keys[..., None], v_keys[..., None]  # [P, K, E, 1]
+        w_keys, v_keys = w_rows.to(dtype), v_norm.to(dtype)  # [P, E, K]
         if p.distance == "cosine":  # E = 1 - <y, s> / (||y|| ||s|| + eps), formed here for both kernels
-            denominator = (w_t * v_t) * einops.rearrange(s_norm, "p e n -> p 1 e n").to(dtype)
-            denominator = denominator + einops.rearrange(eps, "p e -> p 1 e 1").to(dtype)
+            w_t, v_t = w_keys[:, :, None], v_keys[:, :, None]  # [P, E, 1, K]
+            denominator = (w_t * v_t) * einops.rearrange(s_norm, "p e n -> p e n 1").to(dtype)
+            denominator = denominator + einops.rearrange(eps, "p e -> p e 1 1").to(dtype)
             x = 1 - torch.where(denominator > 0, (w_t * x) / denominator, 0.0)
         if p.kernel == "numba":  # one compiled pass over the keys decides from x (fused.py)
             screen.fused_inputs = {
                 "x": x.contiguous().numpy(),
                 "w": w_keys.contiguous().numpy(),
                 "v_norm": v_keys.contiguous().numpy(),
-                "rank": einops.rearrange(rank, as_keys).contiguous().numpy(),
+                "rank": rank.contiguous().numpy(),
                 "ns": ns.contiguous().numpy(),
                 "q": q.contiguous().numpy(),
                 "coef": coef,
@@ -574,6 +574,9 @@ class _Screen:
                 "given": p.distance == "cosine",
             }
             return screen
+        as_keys = "p e k -> p k e 1"  # the torch screen's layout [P, K, E, G]
+        x = einops.rearrange(x, "p e n k -> p k e n")
+        w_t, v_t = einops.rearrange(w_keys, as_keys), einops.rearrange(v_keys, as_keys)
         e = torch.addcmul((w_t * v_t) ** 2, w_t, x, value=-2) if p.distance == "euclidean" else x
         y = w_t.double() * v_t.double()
         band = coef * (y * (y + 2 * einops.rearrange(s_norm, "p e n -> p 1 e n")))
@@ -595,13 +598,14 @@ class _Screen:
         """
         if self.fused_inputs is not None:
             counts, listed = fused.screen_counts(**self.fused_inputs)
-            shape = self.fused_inputs["x"].shape
+            n_groups, n_rows, n_sizes, n_keys = self.fused_inputs["x"].shape
+            shape: tuple[int, ...] = (n_groups, n_keys, n_rows, n_sizes)  # the cells' flat layout
             k_out, k_in = torch.from_numpy(counts)
             cells = [torch.from_numpy(f) for f in listed]
         else:
             assert self.bounds is not None
             lower, upper, inside, outside = self.bounds
-            shape = lower.shape
+            shape = tuple(lower.shape)
             ninf = torch.tensor(-torch.inf, dtype=torch.float64, device=lower.device)
             m_max, p_max = torch.where(inside, lower, ninf).amax(dim=1), torch.where(inside, upper, ninf).amax(dim=1)
             m_min, p_min = (
