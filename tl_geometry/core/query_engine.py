@@ -258,8 +258,8 @@ def _grouped(values: Tensor, kv_head_of: Tensor) -> tuple[Tensor, Tensor]:
 class _Grid:
     """Each query's selection sizes, padded to the longest grid with ``N = K`` (valid = False).
 
-    The engine works on each grid sorted (``ascending``: the screen's kernel needs non-decreasing
-    sizes); ``unsort`` [query, G] puts a result back in the given order (None when every grid is
+    The engine works on each grid sorted (``ascending``: the running sums of the centres,
+    :func:`tl_geometry.core.fused.prefix_sums`, need non-decreasing sizes); ``unsort`` [query, G] puts a result back in the given order (None when every grid is
     sorted already, as ``"log"`` and ``"all"`` are)."""
 
     ns: Tensor  # [query, G] int64
