@@ -109,3 +109,17 @@ def test_ordered_rows_are_the_gathered_running_sums(screen):
     assert torch.equal(torch.from_numpy(operand[..., :3]), ordered.to(screen))
     assert torch.equal(torch.from_numpy(centers), torch.cumsum(ordered, dim=1)[:, ns - 1])
     assert torch.equal(torch.from_numpy(rank), torch.argsort(order.view(6, 9), dim=-1))  # the inverse permutation
+
+
+def test_contributions_at_are_the_keys_at_those_selection_positions():
+    """``y[r, order[r, draw, position]]`` for each stacked position (two rows, three draws each)."""
+    y = torch.randn(2, 7, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    order = torch.stack([torch.randperm(7, generator=torch.Generator().manual_seed(s)) for s in range(6)]).view(2, 3, 7)
+    position = torch.randint(0, 7, (2, 6, 4), generator=torch.Generator().manual_seed(1))
+    got = fused_rows.contributions_at(y.numpy(), order.numpy(), position.numpy())
+    expected = torch.empty(2, 6, 4, 3, dtype=torch.float64)
+    for h in range(2):
+        for b in range(6):
+            for g in range(4):
+                expected[h, b, g] = y[b // 3, order[b // 3, b % 3, position[h, b, g]]]
+    assert torch.equal(torch.from_numpy(got), expected)

@@ -125,14 +125,25 @@ def _ordered_rows(y, order, at, by_size, operand, centers, rank):  # pragma: no 
                     g += 1
 
 
+def _contributions_at(y, order, position, out):  # pragma: no cover - compiled
+    n_draws = order.shape[1]
+    for h in range(position.shape[0]):
+        for b in range(position.shape[1]):
+            r, draw = b // n_draws, b % n_draws
+            for g in range(position.shape[2]):
+                out[h, b, g] = y[r, order[r, draw, position[h, b, g]]]
+
+
 _compiled_extremes: Any = None
 _compiled_counts: Any = None
 _compiled_ordered_rows: Any = None
+_compiled_contributions_at: Any = None
 if AVAILABLE:
     _lower = numba.njit(cache=True, inline="always")(_lower)
     _compiled_extremes = numba.njit(cache=True, nogil=True)(_extremes)
     _compiled_counts = numba.njit(cache=True, nogil=True)(_counts)
     _compiled_ordered_rows = numba.njit(cache=True, nogil=True)(_ordered_rows)
+    _compiled_contributions_at = numba.njit(cache=True, nogil=True)(_contributions_at)
 
 
 def ordered_rows(
@@ -217,6 +228,31 @@ def extremes(
     return i_star, j_star
 
 
+def contributions_at(y: np.ndarray, order: np.ndarray, position: np.ndarray) -> np.ndarray:
+    """The contributions at selection positions ``position``: what the direct distances of the
+    extremes measure, gathered in one walk (``y[r, order[r, draw, position]]``).
+
+    Parameters
+    ----------
+    y : [R, K, d] float64
+        Contributions in key order.
+    order : [R, draws, K] int64
+        Each draw's keys in selection order.
+    position : [h, B, g] int64
+        Selection positions (``i*`` and ``j*`` of :func:`extremes`, stacked) of batch
+        ``b = r * draws + draw``.
+
+    Returns
+    -------
+    [h, B, g, d] float64
+    """
+    if _compiled_contributions_at is None:  # pragma: no cover
+        raise RuntimeError("the fused decisions need numba: pip install numba, or use kernel='torch'")
+    out = np.empty((*position.shape, y.shape[-1]), dtype=y.dtype)
+    _compiled_contributions_at(y, order, position, out)
+    return out
+
+
 def counts(
     upper: np.ndarray,
     band_key: np.ndarray,
@@ -254,4 +290,4 @@ def counts(
     return k_out, k_in, unsure
 
 
-__all__ = ["AVAILABLE", "DEFAULT_KERNEL", "KERNELS", "counts", "extremes", "ordered_rows"]
+__all__ = ["AVAILABLE", "DEFAULT_KERNEL", "KERNELS", "contributions_at", "counts", "extremes", "ordered_rows"]

@@ -71,6 +71,7 @@ class Decided:
 
 def direct_distances(y: Tensor, s: Tensor, distance: str, eps: Tensor) -> Tensor:
     """Float64 distances of keys ``y`` [c, d] from centres ``s`` [c, d] (pairwise by row): [c].
+    (Euclidean: any shapes that broadcast, ``[..., d]`` -> ``[...]``.)
 
     The definitions' formulas, as the loop reference computes them: ``||y - s||``, or
     ``1 - <y, s> / (||y|| ||s|| + eps)`` with ``eps`` [c] the cosine constant at the rows' scale.
@@ -406,7 +407,7 @@ def _decide_fused(
         torch.from_numpy(x)
         for x in fused_rows.extremes(p, band_key, band_sq, sigma_screen, sizes, cosine=cosine, rank=rank)
     )
-    r_max, r_min = _at(keys, s, i_star, eps), _at(keys, s, j_star, eps)
+    r_max, r_min = _extreme_distances(keys, s, torch.stack([i_star, j_star]), eps)
     r_min = torch.where(ns == n_keys, torch.inf, r_min)
     lo, hi = _thresholds(keys, torch.cat([r_max, r_min], dim=-1), torch.cat([sigma, sigma], dim=-1))
     (lo_max, lo_min), (hi_max, hi_min) = lo.chunk(2, dim=-1), hi.chunk(2, dim=-1)
@@ -449,6 +450,23 @@ def _at(keys: _Keys, s: Tensor, position: Tensor, eps: Tensor) -> Tensor:
     batch = torch.arange(n_batch, device=position.device)[:, None].expand_as(position).reshape(-1)
     y = keys.at(batch, position.reshape(-1))
     return direct_distances(y, s.reshape(-1, s.shape[-1]), keys.distance, eps[batch]).view(position.shape)
+
+
+def _extreme_distances(keys: _Keys, s: Tensor, position: Tensor, eps: Tensor) -> Tensor:
+    """:func:`_at` of the positions ``position`` [2, B, g] (``i*`` and ``j*``): [2, B, g], the
+    contributions gathered in one compiled walk and measured in one call (the same numbers)."""
+    y = torch.from_numpy(
+        fused_rows.contributions_at(keys.y.contiguous().numpy(), keys.order.contiguous().numpy(), position.numpy())
+    )
+    if keys.distance == "euclidean":  # ||y - s||, s broadcast over i* and j*: no copy of the centres
+        return direct_distances(y, s, keys.distance, eps)
+    dim, shape = s.shape[-1], position.shape
+    return direct_distances(
+        y.view(-1, dim),
+        s.expand(*y.shape).reshape(-1, dim),
+        keys.distance,
+        eps[None, :, None].expand(shape).reshape(-1),
+    ).view(shape)
 
 
 def _thresholds(keys: _Keys, radius: Tensor, sigma: Tensor) -> tuple[Tensor, Tensor]:
