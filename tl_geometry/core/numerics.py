@@ -53,7 +53,14 @@ def local_errors(z: Tensor, centers: Tensor, mass: Tensor) -> tuple[Tensor, Tens
     unscaled row.
     """
     z_norm = torch.linalg.vector_norm(z, dim=-1)
-    deletion = torch.linalg.vector_norm(z - centers, dim=-1) / z_norm
-    renormalised = torch.linalg.vector_norm(z - centers / mass[..., None], dim=-1) / z_norm
+    difference = z - centers
+    deletion = torch.linalg.vector_norm(difference, dim=-1) / z_norm
+    scaled = (torch.broadcast_shapes(centers.shape, mass[..., None].shape), torch.result_type(centers, mass))
+    if scaled == (difference.shape, difference.dtype) and not any(x.requires_grad for x in (z, centers, mass)):
+        # the same operations written over ``z - s``: one large temporary, not three (fresh pages cost)
+        renormalised = torch.sub(z, torch.div(centers, mass[..., None], out=difference), out=difference)
+    else:
+        renormalised = z - centers / mass[..., None]
+    renormalised = torch.linalg.vector_norm(renormalised, dim=-1) / z_norm
     nan = torch.tensor(torch.nan, dtype=torch.float64, device=z.device)
     return torch.where(z_norm > 0, deletion, nan), torch.where((z_norm > 0) & (mass > 0), renormalised, nan)
