@@ -228,7 +228,9 @@ def extremes(
     return i_star, j_star
 
 
-def contributions_at(y: np.ndarray, order: np.ndarray, position: np.ndarray) -> np.ndarray:
+def contributions_at(
+    y: np.ndarray, order: np.ndarray, position: np.ndarray, out: np.ndarray | None = None
+) -> np.ndarray:
     """The contributions at selection positions ``position``: what the direct distances of the
     extremes measure, gathered in one walk (``y[r, order[r, draw, position]]``).
 
@@ -241,14 +243,17 @@ def contributions_at(y: np.ndarray, order: np.ndarray, position: np.ndarray) -> 
     position : [h, B, g] int64
         Selection positions (``i*`` and ``j*`` of :func:`extremes`, stacked) of batch
         ``b = r * draws + draw``.
+    out : [h, B, g, d] float64, optional
+        Where to write them (a reused work array), else a new array.
 
     Returns
     -------
     [h, B, g, d] float64
+        ``out``.
     """
     if _compiled_contributions_at is None:  # pragma: no cover
         raise RuntimeError("the fused decisions need numba: pip install numba, or use kernel='torch'")
-    out = np.empty((*position.shape, y.shape[-1]), dtype=y.dtype)
+    out = np.empty((*position.shape, y.shape[-1]), dtype=y.dtype) if out is None else out
     _compiled_contributions_at(y, order, position, out)
     return out
 

@@ -69,15 +69,16 @@ class Decided:
     n_direct: int
 
 
-def direct_distances(y: Tensor, s: Tensor, distance: str, eps: Tensor) -> Tensor:
+def direct_distances(y: Tensor, s: Tensor, distance: str, eps: Tensor, overwrite: bool = False) -> Tensor:
     """Float64 distances of keys ``y`` [c, d] from centres ``s`` [c, d] (pairwise by row): [c].
-    (Euclidean: any shapes that broadcast, ``[..., d]`` -> ``[...]``.)
+    (Euclidean: any shapes that broadcast to ``y``'s, ``[..., d]`` -> ``[...]``.)
 
     The definitions' formulas, as the loop reference computes them: ``||y - s||``, or
     ``1 - <y, s> / (||y|| ||s|| + eps)`` with ``eps`` [c] the cosine constant at the rows' scale.
+    With ``overwrite`` (Euclidean), ``y - s`` is written over ``y`` (a work tensor): the same numbers.
     """
     if distance == "euclidean":
-        return torch.linalg.vector_norm(y - s, dim=-1)
+        return torch.linalg.vector_norm(torch.sub(y, s, out=y) if overwrite else y - s, dim=-1)
     dot = einops.einsum(y, s, "c d, c d -> c")
     return cosine_distance(dot, torch.linalg.vector_norm(y, dim=-1), torch.linalg.vector_norm(s, dim=-1), eps)
 
@@ -455,11 +456,12 @@ def _at(keys: _Keys, s: Tensor, position: Tensor, eps: Tensor) -> Tensor:
 def _extreme_distances(keys: _Keys, s: Tensor, position: Tensor, eps: Tensor) -> Tensor:
     """:func:`_at` of the positions ``position`` [2, B, g] (``i*`` and ``j*``): [2, B, g], the
     contributions gathered in one compiled walk and measured in one call (the same numbers)."""
-    y = torch.from_numpy(
-        fused_rows.contributions_at(keys.y.contiguous().numpy(), keys.order.contiguous().numpy(), position.numpy())
+    y = _WORKSPACE.get("extreme_keys", (*position.shape, s.shape[-1]), keys.y.dtype, s.device)
+    fused_rows.contributions_at(
+        keys.y.contiguous().numpy(), keys.order.contiguous().numpy(), position.numpy(), out=y.numpy()
     )
     if keys.distance == "euclidean":  # ||y - s||, s broadcast over i* and j*: no copy of the centres
-        return direct_distances(y, s, keys.distance, eps)
+        return direct_distances(y, s, keys.distance, eps, overwrite=True)
     dim, shape = s.shape[-1], position.shape
     return direct_distances(
         y.view(-1, dim),
