@@ -204,13 +204,14 @@ def _compute(
     values = values[:, : max(queries) + 1]  # the keys some row sees
     check_row_inputs(weights, values)
     values, kv_head_of = _grouped(values, kv_head_of)
+    values = values.to(torch.float64)
     grid = _Grid.of(ns, queries, device)
     n_draws = n_random if rank_by == "random" else 1
     shape = (n_batch, n_heads, n_queries, n_draws, grid.ns.shape[1])
     out = {name: torch.full(shape, torch.nan, dtype=torch.float64, device=device) for name in COMPUTED_METRICS}
     problem = _Problem(
         weights[..., : values.shape[1]],
-        values.to(torch.float64),
+        values,
         kv_head_of,
         q_t,
         grid,
@@ -221,6 +222,7 @@ def _compute(
         row_keys,
         dtype,
         kernel,
+        _value_exponents(values),
     )
     blocks = _blocks(queries, n_batch * n_heads * n_draws, values.shape[-1], grid, block_cells)
     _solve_all(problem, blocks, out, workers)
@@ -240,6 +242,13 @@ def _compute(
         distance=distance,
         n_draws=n_draws,
     )
+
+
+def _value_exponents(values: Tensor) -> Tensor:
+    """The binary exponent of ``max |v|`` over keys ``0..k`` of each key ``k`` and key/value head:
+    [b, L, g] int32 (a row ending at ``k`` scales its values by ``2^-exponent``)."""
+    running = torch.cummax(values.abs().amax(dim=-1), dim=1).values
+    return torch.frexp(running).exponent
 
 
 def _grouped(values: Tensor, kv_head_of: Tensor) -> tuple[Tensor, Tensor]:
@@ -365,6 +374,7 @@ class _Problem:
     row_keys: Tensor | None
     dtype: torch.dtype
     kernel: str
+    value_exps: Tensor  # [b, L, g] int32: the exponent of max |v| over keys 0..k (rows ending at k)
 
     def solve(self, block: Tensor, out: dict[str, Tensor]) -> None:
         block = block.to(self.weights.device)
@@ -375,11 +385,14 @@ class _Problem:
         rows = _BlockRows.of(self, block, q, n_keys)
         metrics = rows.metrics()
         unsort = None if self.grid.unsort is None else self.grid.unsort[block]
+        first = int(block[0])
+        consecutive = torch.equal(block, torch.arange(first, first + block.numel(), device=block.device))
+        at: slice | Tensor = slice(first, first + block.numel()) if consecutive else block  # a view, no index_put
         for name, x in metrics.items():  # x: [P, hg, Qb, draw, G] -> out [b, h, Q, draw, G]
             x = einops.rearrange(x, "(b g) j q r n -> b (g j) q r n", b=n_batch, g=n_kv)
             if unsort is not None:  # the sizes in the given order (within the block's width)
                 x = torch.gather(x, -1, unsort[None, None, :, None, : x.shape[-1]].expand_as(x))
-            out[name][:, :, block, :, : x.shape[-1]] = x
+            out[name][:, :, at, :, : x.shape[-1]] = x
 
 
 @dataclass
@@ -411,8 +424,7 @@ class _BlockRows:
         # the per-row scaling of tl_geometry.core.separability: keys 0..q of each row
         log_keys = torch.tensor([math.ceil(math.log2(k + 1)) for k in q.tolist()], device=w.device)
         weight_exp = torch.frexp(w.amax(dim=-1)).exponent + log_keys
-        running = torch.cummax(v.abs().amax(dim=-1), dim=-1).values  # [P, K]: max |v| over keys 0..k
-        value_exp = torch.frexp(running[:, q]).exponent  # [P, Qb]
+        value_exp = einops.rearrange(problem.value_exps[:, q], "b q g -> (b g) q")  # [P, Qb]
         w = times_pow2(w, -weight_exp[..., None])
         width = int(problem.grid.valid[block].sum(dim=1).max())  # the block's longest grid
         block_exp = value_exp.amax(dim=-1)
@@ -463,7 +475,6 @@ class _BlockRows:
         q_rows = einops.repeat(self.q, "q -> (j q r)", j=n_per, r=n_draws)  # [E]
         # centres s(N): running sums of the contributions in selection order, float64, as the per-row
         # engine forms them (y = w * (v 2^-value_exp)); the row's scale is carried by w when exact
-        flat = (torch.arange(n_groups, device=device)[:, None, None] * n_keys + order).reshape(-1)
         sorted_w = torch.gather(w_rows, -1, order)
         gap = self.block_exp[:, None] - value_exp  # [P, E] >= 0
         folded = int(gap.max()) <= MAX_FOLDED_GAP  # w 2^gap and v 2^-block_exp are exact
@@ -471,6 +482,7 @@ class _BlockRows:
             factor = sorted_w * pow2(gap)[..., None]
             centers, z = fused.prefix_sums(self.v_block, order, factor, ns - 1, q_rows)
         else:
+            flat = (torch.arange(n_groups, device=device)[:, None, None] * n_keys + order).reshape(-1)
             if folded:
                 sorted_y = self.v_block.reshape(-1, dim).index_select(0, flat).view(n_groups, n_rows, n_keys, dim)
                 sorted_y.mul_((sorted_w * pow2(gap)[..., None])[..., None])
@@ -542,14 +554,18 @@ class _Screen:
         # v * 2^-block_exp, so each row's centres are taken 2^(block_exp - value_exp) larger
         gap = rows.block_exp[:, None] - value_exp  # [P, E] >= 0
         screened = gap <= MAX_SCALE_GAP
-        s_scaled = torch.where(screened[..., None, None], times_pow2(centers, gap[..., None, None]), 0.0)
+        every = bool(screened.all())  # as usual: no masking below
+        s_scaled = times_pow2(centers, gap[..., None, None])
+        if not every:
+            s_scaled = torch.where(screened[..., None, None], s_scaled, 0.0)
         # [P, E, G, K]: the keys innermost, along which the compiled kernel runs
         x = torch.bmm(einops.rearrange(s_scaled.to(dtype), "p e n d -> p (e n) d"), rows.v_block.to(dtype).mT)
         x = x.view(n_groups, n_rows, n_sizes, n_keys)  # <v_i, s> in the rows' scale
         # ||v_i|| in each row's scale, from the block's values (no overflow): [P, E, K] float64
         # (0 for the rows not screened: their screening values are 0, every key is decided directly)
         v_norm = times_pow2(torch.linalg.vector_norm(rows.v_block, dim=-1)[:, None, :], gap[:, :, None])
-        v_norm = torch.where(screened[:, :, None], v_norm, 0.0)
+        if not every:
+            v_norm = torch.where(screened[:, :, None], v_norm, 0.0)
         s_norm = torch.linalg.vector_norm(centers, dim=-1)  # [P, E, G] float64
         coef, absolute = _band(dim, dtype, p.distance, s_norm, gap, screened)
         eps = COSINE_EPS * pow2(-2 * (weight_exp + value_exp))
