@@ -477,9 +477,10 @@ class _BlockRows:
         # engine forms them (y = w * (v 2^-value_exp)); the row's scale is carried by w when exact
         sorted_w = torch.gather(w_rows, -1, order)
         gap = self.block_exp[:, None] - value_exp  # [P, E] >= 0
-        folded = int(gap.max()) <= MAX_FOLDED_GAP  # w 2^gap and v 2^-block_exp are exact
+        gap_max = int(gap.max())
+        folded = gap_max <= MAX_FOLDED_GAP  # w 2^gap and v 2^-block_exp are exact
         if folded and p.kernel == "numba":  # the same sums, without the [P, E, K, d] tensor
-            factor = sorted_w * pow2(gap)[..., None]
+            factor = sorted_w if gap_max == 0 else sorted_w * pow2(gap)[..., None]  # times 1: the same
             centers, z = fused.prefix_sums(self.v_block, order, factor, ns - 1, q_rows)
         else:
             flat = (torch.arange(n_groups, device=device)[:, None, None] * n_keys + order).reshape(-1)
@@ -555,7 +556,8 @@ class _Screen:
         gap = rows.block_exp[:, None] - value_exp  # [P, E] >= 0
         screened = gap <= MAX_SCALE_GAP
         every = bool(screened.all())  # as usual: no masking below
-        s_scaled = times_pow2(centers, gap[..., None, None])
+        aligned = not bool(gap.any())  # every row at the block's scale (usual): nothing to rescale
+        s_scaled = centers if aligned else times_pow2(centers, gap[..., None, None])
         if not every:
             s_scaled = torch.where(screened[..., None, None], s_scaled, 0.0)
         # [P, E, G, K]: the keys innermost, along which the compiled kernel runs
@@ -563,7 +565,9 @@ class _Screen:
         x = x.view(n_groups, n_rows, n_sizes, n_keys)  # <v_i, s> in the rows' scale
         # ||v_i|| in each row's scale, from the block's values (no overflow): [P, E, K] float64
         # (0 for the rows not screened: their screening values are 0, every key is decided directly)
-        v_norm = times_pow2(torch.linalg.vector_norm(rows.v_block, dim=-1)[:, None, :], gap[:, :, None])
+        v_norm = torch.linalg.vector_norm(rows.v_block, dim=-1)[:, None, :].expand(n_groups, n_rows, n_keys)
+        if not aligned:
+            v_norm = times_pow2(v_norm, gap[:, :, None])
         if not every:
             v_norm = torch.where(screened[:, :, None], v_norm, 0.0)
         s_norm = torch.linalg.vector_norm(centers, dim=-1)  # [P, E, G] float64
