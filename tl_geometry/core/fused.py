@@ -173,9 +173,9 @@ def _prefix_sums(v, order, factor, at, last, centers, z):  # pragma: no cover - 
             acc[:] = 0.0
             g = 0
             for k in range(n_keys):
-                key, f = order[p, r, k], factor[p, r, k]
+                f, value = factor[p, r, k], v[p, order[p, r, k]]  # a contiguous row: LLVM vectorises
                 for j in range(dim):
-                    acc[j] += v[p, key, j] * f
+                    acc[j] += value[j] * f
                 while g < n_sizes and at[r, g] == k:
                     centers[p, r, g] = acc
                     g += 1
@@ -189,8 +189,9 @@ def _differences(v, scale, w, centers, group, key, row, where, out):  # pragma: 
     for c in range(group.shape[0]):
         p, k, r = group[c], key[c], row[c]
         weight, factor = w[p, r, k], scale[p, r]
-        for j in range(v.shape[2]):
-            out[c, j] = weight * (v[p, k, j] * factor) - centers[where[c], j]
+        value, center, result = v[p, k], centers[where[c]], out[c]  # contiguous rows: LLVM vectorises
+        for j in range(value.shape[0]):
+            result[j] = weight * (value[j] * factor) - center[j]
 
 
 _compiled: Any = None
