@@ -195,3 +195,15 @@ def test_screen_counts_equal_the_loops_over_every_row(n_groups, n_keys, n_rows, 
     ref_counts, ref_cells = screen_by_loops(x, w, v_norm, rank, ns, q, 0.05, absolute, s_norm)
     assert np.array_equal(counts, ref_counts)
     assert [c.tolist() for c in cells] == ref_cells
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 40), st.integers(1, 9), st.integers(1, 12), st.integers(0, 2**31 - 1))
+def test_cell_coordinates_unravel_the_flat_cells(n_groups, n_keys, n_rows, n_sizes, seed):
+    shape = (n_groups, n_keys, n_rows, n_sizes)
+    flat = np.random.default_rng(seed).integers(0, np.prod(shape), size=50)
+    group, key, row, size = np.unravel_index(flat, shape)
+    where = np.ravel_multi_index((group, row, size), (n_groups, n_rows, n_sizes))
+    got = fused.cell_coordinates(flat, n_keys, n_rows, n_sizes)
+    for name, expected, actual in zip(("group", "key", "row", "where"), (group, key, row, where), got, strict=True):
+        assert actual.tolist() == expected.tolist(), name

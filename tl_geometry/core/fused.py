@@ -194,9 +194,20 @@ def _differences(v, scale, w, centers, group, key, row, where, out):  # pragma: 
             result[j] = weight * (value[j] * factor) - center[j]
 
 
+def _coordinates(flat, n_keys, n_rows, n_sizes, group, key, row, where):  # pragma: no cover - compiled
+    """Group, key, row and flat ``[P, E, G]`` index of each flat ``[P, K, E, G]`` cell."""
+    for c in range(flat.shape[0]):
+        f = flat[c]
+        size, rest = f % n_sizes, f // n_sizes
+        r, rest = rest % n_rows, rest // n_rows
+        group[c], key[c], row[c] = rest // n_keys, rest % n_keys, r
+        where[c] = (group[c] * n_rows + r) * n_sizes + size
+
+
 _compiled: Any = None
 _compiled_sums: Any = None
 _compiled_differences: Any = None
+_compiled_coordinates: Any = None
 if AVAILABLE:
     _row_terms = numba.njit(cache=True, inline="always")(_row_terms)
     _extremes = numba.njit(cache=True)(_extremes)
@@ -205,6 +216,7 @@ if AVAILABLE:
     _compiled = numba.njit(cache=True, nogil=True)(_screen_counts)
     _compiled_sums = numba.njit(cache=True, nogil=True)(_prefix_sums)
     _compiled_differences = numba.njit(cache=True, nogil=True)(_differences)
+    _compiled_coordinates = numba.njit(cache=True, nogil=True)(_coordinates)
 
 
 def screen_counts(
@@ -350,4 +362,39 @@ def differences(v: Tensor, scale: Tensor, w: Tensor, centers: Tensor, cells: tup
     return out
 
 
-__all__ = ["AVAILABLE", "DEFAULT_KERNEL", "KERNELS", "check_kernel", "differences", "prefix_sums", "screen_counts"]
+def cell_coordinates(flat: np.ndarray, n_keys: int, n_rows: int, n_sizes: int) -> tuple[Tensor, ...]:
+    """Where each listed cell of :func:`screen_counts` lies, in one pass.
+
+    Parameters
+    ----------
+    flat : [c] int64
+        Flat ``[P, K, E, G]`` indices (``P`` groups, ``K`` keys, ``E`` rows, ``G`` sizes).
+    n_keys, n_rows, n_sizes : int
+        ``K``, ``E`` and ``G``.
+
+    Returns
+    -------
+    group, key, row, where : four [c] int64
+        The cell's group, key and row, and the flat ``[P, E, G]`` index of its row and size.
+
+    >>> [t.tolist() for t in cell_coordinates(np.array([0, 13]), n_keys=2, n_rows=2, n_sizes=3)]
+    [[0, 1], [0, 0], [0, 0], [0, 7]]
+    """
+    flat = np.ascontiguousarray(flat, dtype=np.int64)
+    out = torch.empty((4, flat.shape[0]), dtype=torch.int64)
+    if _compiled_coordinates is None:  # pragma: no cover
+        raise RuntimeError("cell_coordinates needs numba: pip install numba")
+    _compiled_coordinates(flat, n_keys, n_rows, n_sizes, *out.numpy())
+    return tuple(out)
+
+
+__all__ = [
+    "AVAILABLE",
+    "DEFAULT_KERNEL",
+    "KERNELS",
+    "cell_coordinates",
+    "check_kernel",
+    "differences",
+    "prefix_sums",
+    "screen_counts",
+]

@@ -34,6 +34,7 @@ from functools import lru_cache
 from typing import Any
 
 import einops
+import numpy as np
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
@@ -619,9 +620,9 @@ class _Screen:
         if self.fused_inputs is not None:
             counts, listed = fused.screen_counts(**self.fused_inputs)
             n_groups, n_rows, n_sizes, n_keys = self.fused_inputs["x"].shape
-            shape: tuple[int, ...] = (n_groups, n_keys, n_rows, n_sizes)  # the cells' flat layout
             k_out, k_in = torch.from_numpy(counts)
-            cells = [torch.from_numpy(f) for f in listed]
+            sizes = [f.shape[0] for f in listed]
+            group, key, row, where = fused.cell_coordinates(np.concatenate(listed), n_keys, n_rows, n_sizes)
         else:
             assert self.bounds is not None
             lower, upper, inside, outside = self.bounds
@@ -642,15 +643,17 @@ class _Screen:
                 inside & (upper > m_min) & (lower <= p_min),
             )
             cells = [m.reshape(-1).nonzero().squeeze(1) for m in masks]
-        # every listed cell measured at once (one gather per block): where each lies in [P, E, G]
-        n_groups, n_keys, n_rows, n_sizes = shape
-        flat = torch.cat(cells)
-        size, rest = flat % n_sizes, flat // n_sizes
-        row, rest = rest % n_rows, rest // n_rows
-        key, group = rest % n_keys, rest // n_keys
-        where = (group * n_rows + row) * n_sizes + size
-        dist = self._distances(group, key, row, where).split([c.numel() for c in cells])
-        where_of = where.split([c.numel() for c in cells])
+            # where each listed cell lies: its group, key, row and flat [P, E, G] index
+            n_groups, n_keys, n_rows, n_sizes = shape
+            sizes = [c.numel() for c in cells]
+            flat = torch.cat(cells)
+            size, rest = flat % n_sizes, flat // n_sizes
+            row, rest = rest % n_rows, rest // n_rows
+            key, group = rest % n_keys, rest // n_keys
+            where = (group * n_rows + row) * n_sizes + size
+        # every listed cell measured at once (one gather per block)
+        dist = self._distances(group, key, row, where).split(sizes)
+        where_of = where.split(sizes)
         out_shape = (n_groups, n_rows, n_sizes)
         r_max = _extreme(dist[0], where_of[0], out_shape, "amax")
         r_min = _extreme(dist[1], where_of[1], out_shape, "amin")  # +inf where nothing is left out
