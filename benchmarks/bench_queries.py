@@ -113,6 +113,9 @@ def main() -> None:
     shape = f"{args.n_seqs} x {args.seq_len} tokens"
     print(f"forward {forward:.2f}s ({shape})", flush=True)
     seconds = {}
+    for kernel, dtype in (("torch", torch.float64), ("numba", torch.float64), ("numba", torch.float32)):
+        # untimed: numba compiles each kernel per dtype on its first call (after any edit of its module)
+        analysis_seconds(model, tokens[:, :32], kernel, query_positions="all", dtype=dtype)
     for name, kernel, dtype in (
         ("float64, torch screen (before)", "torch", torch.float64),
         ("float64, fused numba pass (after)", "numba", torch.float64),
