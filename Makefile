@@ -81,11 +81,12 @@ doctest: setup
 wheel-check: setup
 	$(PY) .ci/check_wheel.py
 
+# the property tests on a fixed set of examples (tests/conftest.py): no outcome by chance
 test-main: setup setup-browser
-	$(PY) -m pytest -q
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q
 
 test-tl3: setup-tl3
-	$(PY_TL3) -m pytest -q tests/pipeline/test_analyze.py tests/pipeline/test_analyze_cache.py tests/test_errors.py tests/intervention/test_intervention_kinds.py
+	HYPOTHESIS_PROFILE=ci $(PY_TL3) -m pytest -q tests/pipeline/test_analyze.py tests/pipeline/test_analyze_cache.py tests/test_errors.py tests/intervention/test_intervention_kinds.py
 
 bench: setup
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_separability.py

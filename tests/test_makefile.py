@@ -46,3 +46,14 @@ def test_make_test_runs_every_suite_of_ci() -> None:
         "test-tl3",
     ]
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_make_test_draws_fixed_property_examples() -> None:
+    """The test suites of ``make test`` load the derandomized hypothesis profile: CI's outcome is not chance."""
+    from hypothesis import settings
+
+    makefile = (ROOT / "Makefile").read_text()
+    for suite in ("test-main", "test-tl3"):
+        recipe = re.search(rf"^{suite}:.*\n\t(.*)$", makefile, re.MULTILINE)
+        assert recipe is not None and "HYPOTHESIS_PROFILE=ci" in recipe.group(1), suite
+    assert settings.get_profile("ci").derandomize
