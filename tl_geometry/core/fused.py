@@ -67,14 +67,19 @@ def _row_terms(w, v_norm, coef, one, given, sq, w2, cy2, cy):  # pragma: no cove
         cy2[k], cy[k] = coef * (y * y), 2 * coef * y
 
 
+def _interval(x, sq, w2, cy2, cy, s, absolute, k):  # pragma: no cover - compiled
+    """``M, P = E -+ band`` of key ``k`` of one row and size: ``E`` in the screen's dtype, then float64."""
+    value = np.float64(sq[k] - w2[k] * x[k])  # torch.addcmul(sq, w, x, value=-2)
+    band = cy2[k] + cy[k] * s + absolute
+    return value - band, value + band
+
+
 def _extremes(x, sq, w2, cy2, cy, rank, n, s, absolute, last):  # pragma: no cover - compiled
     """``max M``, ``max P`` over the selected keys (``rank < n``) and ``min M``, ``min P`` over the
     unselected ones of one row and size, ``M, P = E -+ band``: selects, no branch."""
     m_max, p_max, m_min, p_min = -np.inf, -np.inf, np.inf, np.inf
     for k in range(last):
-        value = np.float64(sq[k] - w2[k] * x[k])  # torch.addcmul(sq, w, x, value=-2)
-        band = cy2[k] + cy[k] * s + absolute
-        lo, hi = value - band, value + band
+        lo, hi = _interval(x, sq, w2, cy2, cy, s, absolute, k)
         selected = rank[k] < n
         t = lo if selected else -np.inf
         m_max = t if t > m_max else m_max
@@ -92,9 +97,7 @@ def _decisions(x, sq, w2, cy2, cy, rank, n, s, absolute, last, m_max, p_max, m_m
     which keys to measure (``flagged``): branch-free, vectorised by LLVM."""
     within_max, within_min = 0, 0
     for k in range(last):
-        value = np.float64(sq[k] - w2[k] * x[k])
-        band = cy2[k] + cy[k] * s + absolute
-        lo, hi = value - band, value + band
+        lo, hi = _interval(x, sq, w2, cy2, cy, s, absolute, k)
         selected = rank[k] < n
         sure_out, sure_in = hi <= m_max, hi <= m_min
         within_max += (not selected) & sure_out
@@ -140,9 +143,7 @@ def _screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, one, given
                 for k in range(last):  # the few flagged keys: their cells
                     if not flagged[k]:
                         continue
-                    value = np.float64(sq[k] - w2[k] * x_row[k])
-                    band = cy2[k] + cy[k] * s + band0
-                    lo, hi = value - band, value + band
+                    lo, hi = _interval(x_row, sq, w2, cy2, cy, s, band0, k)
                     flat = ((p * n_keys + k) * n_rows + r) * n_sizes + g
                     if rank_r[k] < n:
                         if hi >= m_max:  # may be the farthest selected key
@@ -210,6 +211,7 @@ _compiled_differences: Any = None
 _compiled_coordinates: Any = None
 if AVAILABLE:
     _row_terms = numba.njit(cache=True, inline="always")(_row_terms)
+    _interval = numba.njit(cache=True, inline="always")(_interval)
     _extremes = numba.njit(cache=True)(_extremes)
     _decisions = numba.njit(cache=True)(_decisions)
     _grow = numba.njit(cache=True, inline="never")(_grow)
