@@ -48,12 +48,17 @@ def check_row_inputs(weights: Tensor, values: Tensor) -> None:
     if values.shape[-1] < 1:
         raise InputError("value vectors must have at least one dimension (d_head >= 1), got d_head = 0")
     low, high = torch.aminmax(weights)  # one pass, no copy; both keep NaN, and inf shows in one of them
-    if not bool(torch.isfinite(low) & torch.isfinite(high)):
+    if not _finite(low, high):
         raise InputError(
             "attention weights contain NaN or inf: check the model's dtype (fp16 overflow) or "
             "the pattern you passed; separability is undefined for non-finite weights"
         )
-    if not bool(torch.isfinite(torch.stack(torch.aminmax(values))).all()):
+    if not _finite(*torch.aminmax(values)):
         raise InputError("value vectors contain NaN or inf: check the model's dtype or the values you passed")
     if bool(low < 0):
         raise InputError("attention weights must be non-negative (softmax outputs); got a negative weight")
+
+
+def _finite(low: Tensor, high: Tensor) -> bool:
+    """Whether a tensor whose ``torch.aminmax`` is ``low, high`` holds only finite numbers."""
+    return bool(torch.isfinite(low) & torch.isfinite(high))
