@@ -19,10 +19,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-try:  # numba is a dependency; a broken install falls back to the torch bookkeeping
+from tl_geometry.core.fused import AVAILABLE
+
+if AVAILABLE:  # whether numba imports is decided once, in fused.py; without it: the torch bookkeeping
     import numba
-except ImportError:  # pragma: no cover - exercised where numba is missing
-    numba = None  # type: ignore[assignment]
 
 #: Slack of the float32 screen, in units of float32 epsilon, on top of ``d``.
 SCREEN_SLACK = 4
@@ -111,7 +111,7 @@ def rho_out_measured(
     >>> torch.equal(rho_out_measured(u, ns, sinks, torch.float64), reference)
     True
     """
-    compiled = numba is not None and dtype == torch.float64 and units.dtype == torch.float64
+    compiled = AVAILABLE and dtype == torch.float64 and units.dtype == torch.float64
     if not (compiled and units.device.type == "cpu"):
         return rho_out_from_buckets(bucket_max_measured(units, ns, sink_rank, dtype), ns)
     bucket_max = _bucket_max(units.to(torch.float32), ns, sink_rank)
@@ -207,7 +207,7 @@ def _rho_out_of_columns(dots, cols, ns, out):  # pragma: no cover - compiled
                 out[g] = best
 
 
-if numba is not None:
+if AVAILABLE:
     _compiled_candidates = numba.njit(cache=True, nogil=True)(_candidates)
     _compiled_rho_out_of_columns = numba.njit(cache=True, nogil=True)(_rho_out_of_columns)
 

@@ -26,17 +26,15 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.core.checks import check_row_inputs, typechecked
+from tl_geometry.core.fused import AVAILABLE
 from tl_geometry.core.layouts import causal_rows
 from tl_geometry.core.rankings import selection_order
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
 from tl_geometry.errors import InputError
-
-try:  # numba is a dependency; a broken install falls back to torch.searchsorted
-    import numba
-except ImportError:  # pragma: no cover - exercised where numba is missing
-    numba = None  # type: ignore[assignment]
-
 from tl_geometry.theory.boundary_cosines import bucket_max_matrix, rho_out_from_buckets, rho_out_measured
+
+if AVAILABLE:  # whether numba imports is decided once, in fused.py; without it: torch.searchsorted
+    import numba
 
 #: Working-set size of one block of ``[rows, sizes, keys]`` tensors (a tuning knob only).
 DEFAULT_BLOCK_BYTES = 64 << 20
@@ -253,7 +251,7 @@ class _RowBlock:
         self.n_keys, self.grid = n_keys, grid
         order = selection_order(weights)  # the selection order of definitions §2
         alpha = torch.gather(weights, -1, order)
-        fused = numba is not None and values.device.type == "cpu" and values.stride(-1) == 1 and model is None
+        fused = AVAILABLE and values.device.type == "cpu" and values.stride(-1) == 1 and model is None
         if fused:  # the norms of the values in place, then units gathered and divided in one pass
             norms = torch.linalg.vector_norm(values, dim=-1).gather(-1, order)
         else:
@@ -362,7 +360,7 @@ def _units(values, order, norms, out):  # pragma: no cover - compiled
                 out[r, t, i] = values[r, src, i] / norm
 
 
-if numba is not None:
+if AVAILABLE:
     _units_kernel = numba.njit(cache=True, nogil=True)(_units)
 
 
@@ -416,8 +414,8 @@ def max_p_over_outside(c: Tensor, ns: Tensor, sigma: Tensor, *, compiled: bool |
     CPU) or with ``torch.searchsorted``; the results are the same, bit for bit.
     """
     if compiled is None:
-        compiled = numba is not None and c.device.type == "cpu"
-    elif compiled and (numba is None or c.device.type != "cpu"):
+        compiled = AVAILABLE and c.device.type == "cpu"
+    elif compiled and (not AVAILABLE or c.device.type != "cpu"):
         raise InputError("compiled=True needs numba and CPU tensors; use compiled=False (torch.searchsorted)")
     n_rows, n_sizes, n_keys = c.shape
     outside_sorted = sorted_outside(c, ns)  # [G, r, K]
@@ -518,7 +516,7 @@ def _bracket(outside_sorted, n_out, size_of, c_in, target, hi, hi_ok, lo, lo_ok,
             below[r, key] = row[0] < c_in[r, key]
 
 
-if numba is not None:
+if AVAILABLE:
     _bracket_kernel = numba.njit(cache=True, nogil=True)(_bracket)
 
 
