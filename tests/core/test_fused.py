@@ -198,12 +198,25 @@ def test_screen_counts_equal_the_loops_over_every_row(n_groups, n_keys, n_rows, 
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(1, 4), st.integers(1, 40), st.integers(1, 9), st.integers(1, 12), st.integers(0, 2**31 - 1))
-def test_cell_coordinates_unravel_the_flat_cells(n_groups, n_keys, n_rows, n_sizes, seed):
+@given(
+    st.integers(1, 4),
+    st.integers(1, 40),
+    st.integers(1, 9),
+    st.integers(1, 12),
+    st.integers(0, 2**31 - 1),
+    st.booleans(),
+)
+def test_cell_coordinates_unravel_the_flat_cells(n_groups, n_keys, n_rows, n_sizes, seed, compiled):
+    # both ways (the numba pass, the torch operations of any device) against numpy's unravel_index
     shape = (n_groups, n_keys, n_rows, n_sizes)
     flat = np.random.default_rng(seed).integers(0, np.prod(shape), size=50)
     group, key, row, size = np.unravel_index(flat, shape)
     where = np.ravel_multi_index((group, row, size), (n_groups, n_rows, n_sizes))
-    got = fused.cell_coordinates(flat, n_keys, n_rows, n_sizes)
+    got = fused.cell_coordinates(torch.from_numpy(flat), n_keys, n_rows, n_sizes, compiled=compiled)
     for name, expected, actual in zip(("group", "key", "row", "where"), (group, key, row, where), got, strict=True):
         assert actual.tolist() == expected.tolist(), name
+
+
+def test_cell_coordinates_compiled_needs_the_cpu():
+    with pytest.raises(InputError, match="compiled=True needs numba and a CPU tensor"):
+        fused.cell_coordinates(torch.zeros(3, dtype=torch.int64, device="meta"), 2, 2, 2, compiled=True)

@@ -364,8 +364,10 @@ def differences(v: Tensor, scale: Tensor, w: Tensor, centers: Tensor, cells: tup
     return out
 
 
-def cell_coordinates(flat: np.ndarray, n_keys: int, n_rows: int, n_sizes: int) -> tuple[Tensor, ...]:
-    """Where each listed cell of :func:`screen_counts` lies, in one pass.
+def cell_coordinates(
+    flat: Tensor, n_keys: int, n_rows: int, n_sizes: int, *, compiled: bool | None = None
+) -> tuple[Tensor, ...]:
+    """Where each listed cell of a block's screen lies: one copy for both screens.
 
     Parameters
     ----------
@@ -373,20 +375,29 @@ def cell_coordinates(flat: np.ndarray, n_keys: int, n_rows: int, n_sizes: int) -
         Flat ``[P, K, E, G]`` indices (``P`` groups, ``K`` keys, ``E`` rows, ``G`` sizes).
     n_keys, n_rows, n_sizes : int
         ``K``, ``E`` and ``G``.
+    compiled : bool or None
+        One numba pass (True) or six torch operations (False, on any device). None: compiled where
+        numba imports and ``flat`` is on the CPU. The two give the same integers.
 
     Returns
     -------
     group, key, row, where : four [c] int64
         The cell's group, key and row, and the flat ``[P, E, G]`` index of its row and size.
 
-    >>> [t.tolist() for t in cell_coordinates(np.array([0, 13]), n_keys=2, n_rows=2, n_sizes=3)]
+    >>> [t.tolist() for t in cell_coordinates(torch.tensor([0, 13]), n_keys=2, n_rows=2, n_sizes=3)]
     [[0, 1], [0, 0], [0, 0], [0, 7]]
     """
-    flat = np.ascontiguousarray(flat, dtype=np.int64)
+    if compiled is None:
+        compiled = AVAILABLE and flat.device.type == "cpu"
+    elif compiled and (not AVAILABLE or flat.device.type != "cpu"):
+        raise InputError("compiled=True needs numba and a CPU tensor; use compiled=False (torch)")
+    if not compiled:
+        size, rest = flat % n_sizes, flat // n_sizes
+        row, rest = rest % n_rows, rest // n_rows
+        key, group = rest % n_keys, rest // n_keys
+        return group, key, row, (group * n_rows + row) * n_sizes + size
     out = torch.empty((4, flat.shape[0]), dtype=torch.int64)
-    if _compiled_coordinates is None:  # pragma: no cover
-        raise RuntimeError("cell_coordinates needs numba: pip install numba")
-    _compiled_coordinates(flat, n_keys, n_rows, n_sizes, *out.numpy())
+    _compiled_coordinates(flat.contiguous().numpy(), n_keys, n_rows, n_sizes, *out.numpy())
     return tuple(out)
 
 

@@ -622,7 +622,7 @@ class _Screen:
             n_groups, n_rows, n_sizes, n_keys = self.fused_inputs["x"].shape
             k_out, k_in = torch.from_numpy(counts)
             sizes = [f.shape[0] for f in listed]
-            group, key, row, where = fused.cell_coordinates(np.concatenate(listed), n_keys, n_rows, n_sizes)
+            flat = torch.from_numpy(np.concatenate(listed))
         else:
             assert self.bounds is not None
             lower, upper, inside, outside = self.bounds
@@ -643,14 +643,11 @@ class _Screen:
                 inside & (upper > m_min) & (lower <= p_min),
             )
             cells = [m.reshape(-1).nonzero().squeeze(1) for m in masks]
-            # where each listed cell lies: its group, key, row and flat [P, E, G] index
             n_groups, n_keys, n_rows, n_sizes = shape
             sizes = [c.numel() for c in cells]
             flat = torch.cat(cells)
-            size, rest = flat % n_sizes, flat // n_sizes
-            row, rest = rest % n_rows, rest // n_rows
-            key, group = rest % n_keys, rest // n_keys
-            where = (group * n_rows + row) * n_sizes + size
+        # where each listed cell lies: its group, key, row and flat [P, E, G] index
+        group, key, row, where = fused.cell_coordinates(flat, n_keys, n_rows, n_sizes)
         # every listed cell measured at once (one gather per block)
         dist = self._distances(group, key, row, where).split(sizes)
         where_of = where.split(sizes)
