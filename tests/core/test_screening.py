@@ -158,3 +158,24 @@ def test_a_screen_too_coarse_for_the_dimension_is_refused():
     weights, values = random_rows("random", n_rows=1, k=4, d=64, seed=0)
     with pytest.raises(ValueError, match="too coarse"):
         decide(weights, values, "euclidean", torch.bfloat16)
+
+
+@pytest.mark.parametrize("n_draws", [1, 3])
+def test_keys_gathered_into_work_tensors_are_those_of_indexing(n_draws):
+    """``_Keys.at`` and ``_Keys.rows`` with ``out`` (the re-check's work tensors) give the
+    contributions that indexing gives, for every draw of every row."""
+    weights, values = random_rows("ties", n_rows=3, k=11, d=4, seed=5)
+    y = weights[..., None] * values
+    g = torch.Generator().manual_seed(0)
+    order = torch.stack([torch.stack([torch.randperm(11, generator=g) for _ in range(n_draws)]) for _ in range(3)])
+    keys = screening._Keys.of(y, order, torch.arange(1, 12), "euclidean", torch.float32, fused=False)
+    batch = torch.tensor([0, 3 * n_draws - 1, n_draws, 1, 2 * n_draws - 1])
+    position = torch.tensor([0, 10, 4, 7, 3])
+    expected = torch.stack([y[b // n_draws, order[b // n_draws, b % n_draws, t]] for b, t in zip(batch, position)])
+    out = torch.full((5, 4), torch.nan, dtype=torch.float64)
+    assert keys.at(batch, position, out=out) is out
+    assert torch.equal(out, expected) and torch.equal(keys.at(batch, position), expected)
+    rows = torch.full((5, 11, 4), torch.nan, dtype=torch.float64)
+    expected = torch.stack([y[b // n_draws, order[b // n_draws, b % n_draws]] for b in batch])
+    assert torch.equal(keys.rows(batch, out=rows), expected) and torch.equal(rows, expected)
+    assert torch.equal(keys.rows(batch), expected)

@@ -237,17 +237,28 @@ class _Keys:
         operand = einops.rearrange(operand, "d b k -> b d k")
         return cls(y, order, centers, distance, screen, coef, operand, bias, band_key, band_sq)
 
-    def at(self, batch: Tensor, position: Tensor) -> Tensor:
-        """Contributions [c, d] at selection positions ``position`` [c] of batches ``batch`` [c]."""
+    def at(self, batch: Tensor, position: Tensor, out: Tensor | None = None) -> Tensor:
+        """Contributions [c, d] at selection positions ``position`` [c] of batches ``batch`` [c]
+        (written into ``out`` [c, d], a work tensor, if given)."""
         n_draws = self.order.shape[1]
         row = torch.div(batch, n_draws, rounding_mode="floor")
-        return self.y[row, self.order[row, batch % n_draws, position]]
+        key = self.order[row, batch % n_draws, position]
+        if out is None:
+            return self.y[row, key]
+        n_keys, dim = self.y.shape[1:]
+        return torch.index_select(self.y.reshape(-1, dim), 0, row * n_keys + key, out=out)
 
-    def rows(self, batch: Tensor) -> Tensor:
-        """All contributions of batches ``batch`` [c] in selection order: [c, K, d]."""
+    def rows(self, batch: Tensor, out: Tensor | None = None) -> Tensor:
+        """All contributions of batches ``batch`` [c] in selection order: [c, K, d] (written into
+        ``out``, a work tensor, if given)."""
         n_draws = self.order.shape[1]
         row = torch.div(batch, n_draws, rounding_mode="floor")
-        return self.y[row[:, None], self.order[row, batch % n_draws]]
+        key = self.order[row, batch % n_draws]
+        if out is None:
+            return self.y[row[:, None], key]
+        n_keys, dim = self.y.shape[1:]
+        flat = (row[:, None] * n_keys + key).view(-1)
+        return torch.index_select(self.y.reshape(-1, dim), 0, flat, out=out.view(-1, dim)).view(out.shape)
 
 
 @dataclass(frozen=True)
@@ -585,10 +596,18 @@ def _refine(
 
 
 def _pair_distances(keys: _Keys, s: Tensor, eps: Tensor, cells: _Cells, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Direct float64 distances of the keys ``mask`` [c, K] of ``cells``, and the cell of each."""
+    """Direct float64 distances of the keys ``mask`` [c, K] of ``cells``, and the cell of each.
+
+    The keys and centres are gathered into work tensors (thousands of pairs per call: fresh
+    tensors would fault their pages in on every call)."""
     cell, position = mask.nonzero(as_tuple=True)
     b, g = cells.batch[cell], cells.size[cell]
-    return direct_distances(keys.at(b, position), s[b, g], keys.distance, eps[b]), cell
+    n_sizes, dim = s.shape[-2:]
+    shape = (cell.shape[0], dim)
+    y = keys.at(b, position, out=_WORKSPACE.get("pair_keys", shape, keys.y.dtype, s.device))
+    centers = _WORKSPACE.get("pair_centers", shape, s.dtype, s.device)
+    torch.index_select(s.reshape(-1, dim), 0, b * n_sizes + g, out=centers)
+    return direct_distances(y, centers, keys.distance, eps[b], overwrite=True), cell
 
 
 def _recompute(
@@ -609,12 +628,15 @@ def _recompute(
     position = torch.arange(n_keys, device=s.device)
     for c0 in range(0, batch.shape[0], chunk):
         b, g = batch[c0 : c0 + chunk], size[c0 : c0 + chunk]
-        y = keys.rows(b)  # [c, K, d]
-        centre = s[b, g][:, None, :].expand_as(y)
-        dist = direct_distances(
-            y.reshape(-1, dim), centre.reshape(-1, dim), keys.distance, eps[b].repeat_interleave(n_keys)
-        )
-        dist = dist.view(-1, n_keys)
+        y = keys.rows(b, out=_WORKSPACE.get("rows", (b.shape[0], n_keys, dim), keys.y.dtype, s.device))  # [c, K, d]
+        if keys.distance == "euclidean":  # y - s written over the work tensor, s broadcast: no copies
+            dist = direct_distances(y, s[b, g][:, None, :], keys.distance, eps, overwrite=True)
+        else:
+            centre = s[b, g][:, None, :].expand_as(y)
+            dist = direct_distances(
+                y.reshape(-1, dim), centre.reshape(-1, dim), keys.distance, eps[b].repeat_interleave(n_keys)
+            )
+            dist = dist.view(-1, n_keys)
         inside = position < ns[g][:, None]
         high = torch.where(inside, dist, -torch.inf).amax(dim=-1)
         low = torch.where(inside, torch.inf, dist).amin(dim=-1)
