@@ -9,6 +9,7 @@ No model, no files: tensors in, tensors out. Everything above this layer builds 
 * :mod:`~tl_geometry.core.query_engine` — the same for every query position of a window at once;
 * :mod:`~tl_geometry.core.screening` — the float32 screen with an exact float64 re-check;
 * :mod:`~tl_geometry.core.fused_rows` — the screen's decisions of the per-row engine, compiled;
+* :mod:`~tl_geometry.core.workspace` — reusable per-thread work tensors (no fresh pages per call);
 * :mod:`~tl_geometry.core.numerics` — the shared numerics (accumulator dtype, exact scaling, std);
 * :mod:`~tl_geometry.core.checks` — run-time shape checks, integer tests and the rows' checks;
 * :mod:`~tl_geometry.core.layouts` — which keys a row is measured over: query positions and

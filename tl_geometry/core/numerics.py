@@ -45,15 +45,17 @@ def cosine_distance(dot: Tensor, norm_y: Tensor, norm_s: Tensor, eps: Tensor) ->
     return 1 - torch.where(denominator > 0, dot / denominator, 0.0)
 
 
-def local_errors(z: Tensor, centers: Tensor, mass: Tensor) -> tuple[Tensor, Tensor]:
+def local_errors(z: Tensor, centers: Tensor, mass: Tensor, work: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """``||z - s|| / ||z||`` and ``||z - s / M_S|| / ||z||`` (definitions §7); NaN where ``z = 0``
     (and, for the second, where ``M_S = 0``).
 
     ``z`` and ``s`` may be scaled by one power of two (``mass`` not): the ratios are those of the
-    unscaled row.
+    unscaled row. ``work`` (optional; no gradients): a tensor of the shape and dtype of ``z - s``
+    that holds the differences (a reused work tensor: no fresh pages), else a new one; the same
+    numbers either way.
     """
     z_norm = torch.linalg.vector_norm(z, dim=-1)
-    difference = z - centers
+    difference = z - centers if work is None else torch.sub(z, centers, out=work)
     deletion = torch.linalg.vector_norm(difference, dim=-1) / z_norm
     scaled = (torch.broadcast_shapes(centers.shape, mass[..., None].shape), torch.result_type(centers, mass))
     if scaled == (difference.shape, difference.dtype) and not any(x.requires_grad for x in (z, centers, mass)):

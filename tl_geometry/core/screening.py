@@ -10,8 +10,6 @@ and decisions: docs/engine.md.
 
 from __future__ import annotations
 
-import math
-import threading
 from dataclasses import dataclass
 
 import einops
@@ -20,6 +18,7 @@ from torch import Tensor
 
 from tl_geometry.core import fused_rows
 from tl_geometry.core.numerics import cosine_distance
+from tl_geometry.core.workspace import WORKSPACE
 
 #: Unit roundoff of the float64 direct distances.
 _U64 = 2.0**-53
@@ -33,26 +32,6 @@ _DIRECT_CHUNK_BYTES = 8 << 20
 #: Width of the chunks of the two-level arg-max (a multiple of the vector width).
 _ARG_CHUNK = 64
 _GROUP_SPLIT = 4
-
-
-class _Workspace(threading.local):
-    """Reusable work tensors, one flat buffer per name and dtype, per thread."""
-
-    def __init__(self) -> None:
-        self.buffers: dict[tuple[str, torch.dtype, torch.device], Tensor] = {}
-
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-        """An uninitialised tensor of ``shape`` that stays valid until the next ``get(name, ...)``."""
-        numel = math.prod(shape)
-        key = (name, dtype, torch.device(device))
-        buffer = self.buffers.get(key)
-        if buffer is None or buffer.numel() < numel:
-            with torch.inference_mode(False):  # a normal tensor, writable in and out of inference mode
-                buffer = self.buffers[key] = torch.empty(numel, dtype=dtype, device=device)
-        return buffer[:numel].view(shape)
-
-
-_WORKSPACE = _Workspace()
 
 
 @dataclass(frozen=True)
@@ -201,7 +180,7 @@ class _Keys:
             rank = torch.empty(n_batch, n_keys, dtype=torch.int64, device=device)
             y_np, order_np = y.contiguous().numpy(), order.contiguous().numpy()
             fused_rows.ordered_rows(y_np, order_np, ns.numpy(), centers.numpy(), rank=rank.numpy())
-            operand = _WORKSPACE.get("operand", (n_rows, dim + int(euclidean), n_keys), screen, device)
+            operand = WORKSPACE.get("operand", (n_rows, dim + int(euclidean), n_keys), screen, device)
             operand[:, :dim] = einops.rearrange(y, "r k d -> r d k")
             sq = key_sq[:, None, :]
             if euclidean:
@@ -212,17 +191,17 @@ class _Keys:
                 bias = band_key = band_sq = sq.sqrt().to(screen)
             return cls(y, order, centers, distance, screen, coef, operand, bias, band_key, band_sq, rank)
         if fused:  # one compiled walk of each order: the operand (key-major) and the centres
-            operand = _WORKSPACE.get("operand", (n_batch, n_keys, dim + int(euclidean)), screen, device)
+            operand = WORKSPACE.get("operand", (n_batch, n_keys, dim + int(euclidean)), screen, device)
             centers = torch.empty(n_batch, ns.shape[0], dim, dtype=y.dtype, device=device)
             y_np, order_np = y.contiguous().numpy(), order.contiguous().numpy()
             fused_rows.ordered_rows(y_np, order_np, ns.numpy(), centers.numpy(), operand=operand.numpy())
             operand = einops.rearrange(operand, "b k d -> d b k")  # a view, as the torch path's layout
         else:
-            operand = _WORKSPACE.get("operand", (dim + int(euclidean), n_batch, n_keys), screen, device)
+            operand = WORKSPACE.get("operand", (dim + int(euclidean), n_batch, n_keys), screen, device)
             # the contributions in selection order, feature-major [d, B, K]: a fast running sum along K
             # (2-D transposes: much faster than a copy of the permuted 3-D tensor)
             source = y.reshape(-1, dim).t().contiguous().view(dim, n_rows, 1, n_keys)
-            ordered = _WORKSPACE.get("ordered", (dim, n_rows, n_draws, n_keys), y.dtype, device)
+            ordered = WORKSPACE.get("ordered", (dim, n_rows, n_draws, n_keys), y.dtype, device)
             torch.gather(source.expand(dim, -1, n_draws, -1), -1, order[None].expand(dim, -1, -1, -1), out=ordered)
             ordered = ordered.view(dim, n_batch, n_keys)
             operand[:dim] = ordered
@@ -370,7 +349,7 @@ def _round_up(n: int, step: int) -> int:
 def _upper(keys: _Keys, s: Tensor, sigma: Tensor, eps: Tensor) -> Tensor:
     """The upper bounds ``P`` [B, g, K] of every key's screen value (a work tensor)."""
     shape = (s.shape[0], s.shape[1], keys.operand.shape[-1])
-    upper = _WORKSPACE.get("upper", shape, keys.screen, s.device)
+    upper = WORKSPACE.get("upper", shape, keys.screen, s.device)
     # [r, draws x g, ...] where the draws share their row's operand (keys.rank), else [B, g, ...]
     n_operands = keys.operand.shape[0]
     per_operand = upper.view(n_operands, -1, shape[-1])
@@ -395,7 +374,7 @@ def _lower(keys: _Keys, upper: Tensor, sigma: Tensor, batch: Tensor | None = Non
         return upper
     band_key, band_sq = keys.band_key, keys.band_sq  # [B, 1, K]
     if batch is None:
-        lower = _WORKSPACE.get("lower", tuple(upper.shape), keys.screen, upper.device)
+        lower = WORKSPACE.get("lower", tuple(upper.shape), keys.screen, upper.device)
         torch.addcmul(upper, sigma.to(keys.screen)[..., None], band_key, value=-2, out=lower)
         return lower.sub_(band_sq)  # E - c ||y||^2 - 2 c ||y|| ||s||
     row = batch if keys.rank is None else torch.div(batch, keys.order.shape[1], rounding_mode="floor")
@@ -437,7 +416,7 @@ def _arg_masked(values: Tensor, group: Tensor, start: int, largest: bool) -> Ten
         mask = torch.where(position < group[:, None], 0.0, -torch.inf).to(values.dtype)
     else:
         mask = torch.where(position >= group[:, None], 0.0, torch.inf).to(values.dtype)
-    work = _WORKSPACE.get("arg", tuple(values.shape), values.dtype, values.device)
+    work = WORKSPACE.get("arg", tuple(values.shape), values.dtype, values.device)
     return _arg(torch.add(values, mask, out=work), largest) + start
 
 
@@ -467,7 +446,7 @@ def _at(keys: _Keys, s: Tensor, position: Tensor, eps: Tensor) -> Tensor:
 def _extreme_distances(keys: _Keys, s: Tensor, position: Tensor, eps: Tensor) -> Tensor:
     """:func:`_at` of the positions ``position`` [2, B, g] (``i*`` and ``j*``): [2, B, g], the
     contributions gathered in one compiled walk and measured in one call (the same numbers)."""
-    y = _WORKSPACE.get("extreme_keys", (*position.shape, s.shape[-1]), keys.y.dtype, s.device)
+    y = WORKSPACE.get("extreme_keys", (*position.shape, s.shape[-1]), keys.y.dtype, s.device)
     fused_rows.contributions_at(
         keys.y.contiguous().numpy(), keys.order.contiguous().numpy(), position.numpy(), out=y.numpy()
     )
@@ -520,7 +499,7 @@ def _count_below(values: Tensor, threshold: Tensor) -> Tensor:
     not count (``-0.0``), which the margins of :func:`_thresholds` make harmless. A threshold of
     ``+inf`` counts every (finite) value.
     """
-    difference = _WORKSPACE.get("difference", tuple(values.shape), values.dtype, values.device)
+    difference = WORKSPACE.get("difference", tuple(values.shape), values.dtype, values.device)
     torch.sub(values, threshold[..., None], out=difference)
     bits = _SAME_WIDTH_INT[values.dtype]
     negative = difference.view(bits).bitwise_right_shift_(torch.iinfo(bits).bits - 1)  # -1 where the sign bit is set
@@ -604,8 +583,8 @@ def _pair_distances(keys: _Keys, s: Tensor, eps: Tensor, cells: _Cells, mask: Te
     b, g = cells.batch[cell], cells.size[cell]
     n_sizes, dim = s.shape[-2:]
     shape = (cell.shape[0], dim)
-    y = keys.at(b, position, out=_WORKSPACE.get("pair_keys", shape, keys.y.dtype, s.device))
-    centers = _WORKSPACE.get("pair_centers", shape, s.dtype, s.device)
+    y = keys.at(b, position, out=WORKSPACE.get("pair_keys", shape, keys.y.dtype, s.device))
+    centers = WORKSPACE.get("pair_centers", shape, s.dtype, s.device)
     torch.index_select(s.reshape(-1, dim), 0, b * n_sizes + g, out=centers)
     return direct_distances(y, centers, keys.distance, eps[b], overwrite=True), cell
 
@@ -628,7 +607,7 @@ def _recompute(
     position = torch.arange(n_keys, device=s.device)
     for c0 in range(0, batch.shape[0], chunk):
         b, g = batch[c0 : c0 + chunk], size[c0 : c0 + chunk]
-        y = keys.rows(b, out=_WORKSPACE.get("rows", (b.shape[0], n_keys, dim), keys.y.dtype, s.device))  # [c, K, d]
+        y = keys.rows(b, out=WORKSPACE.get("rows", (b.shape[0], n_keys, dim), keys.y.dtype, s.device))  # [c, K, d]
         if keys.distance == "euclidean":  # y - s written over the work tensor, s broadcast: no copies
             dist = direct_distances(y, s[b, g][:, None, :], keys.distance, eps, overwrite=True)
         else:

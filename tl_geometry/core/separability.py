@@ -52,6 +52,7 @@ from tl_geometry.core.rankings import (
 )
 from tl_geometry.core.screening import balanced_block, decide
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns, sort_by_weight
+from tl_geometry.core.workspace import WORKSPACE
 from tl_geometry.errors import InputError
 
 #: Size in bytes of one block of the screen (rows x draws x sizes x keys, float32). About 8 MiB
@@ -397,7 +398,10 @@ def _separability_rows(
         keys = order[block]  # [r, draw, K]
         n_block = keys.shape[0]
         weights, values = rows.weights[block], rows.values[block]
-        y = weights[..., None] * values  # contributions in key order [r, K, d], float64
+        # contributions in key order [r, K, d], float64 (a work tensor: no fresh pages on every call)
+        y = torch.mul(
+            weights[..., None], values, out=WORKSPACE.get("contributions", values.shape, values.dtype, device)
+        )
         decided = decide(y, keys, ns, distance, cosine_eps[block], block_bytes, kernel=kernel)
         shape = (n_block, n_draws, ns.shape[0])
         k_out, k_in = decided.k_out.view(shape), decided.k_in.view(shape)
@@ -430,7 +434,8 @@ def _local_columns(
     alpha = torch.gather(weights[:, None, :].expand_as(order), -1, order)  # sorted weights [r, draw, K]
     mass = torch.cumsum(alpha, dim=-1)[..., ns - 1] * pow2(weight_exp)[:, None, None]
     z = y.sum(dim=1)[:, None, None, :]  # the head's output, [r, 1, 1, d]
-    return mass, *local_errors(z, centers, mass)
+    work = WORKSPACE.get("local_difference", tuple(centers.shape), centers.dtype, centers.device)
+    return mass, *local_errors(z, centers, mass, work)
 
 
 def precision_recall_at_radius(
