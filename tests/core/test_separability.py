@@ -174,3 +174,23 @@ def test_log_spaced_grid() -> None:
     assert grid[:8] == list(range(1, 9)) and grid[-1] == 1024
     assert grid == sorted(set(grid)) and len(grid) < 60
     assert tlg.log_spaced_ns(5) == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_value_scale_found_in_the_values_dtype_is_that_of_the_widened_values(dtype):
+    """The rows' value exponent (largest ``|v|`` in ``[1/2, 1)`` after scaling) is found in the
+    values' own dtype: the one the widened float64 values give, on rows whose largest magnitude
+    is negative, and the scaled values are the widened ones times that power of two."""
+    from tl_geometry.core.separability import _ScaledRows
+
+    g = torch.Generator().manual_seed(3)
+    values = torch.randn(3, 9, 4, generator=g, dtype=torch.float64) * torch.tensor([300.0, 1.0, 1e-3])[:, None, None]
+    values[:, 2, 1] = -2 * values.abs().amax(dim=(-2, -1))  # the largest magnitude is a negative component
+    values = values.to(dtype)
+    weights = torch.softmax(torch.randn(3, 9, generator=g, dtype=torch.float64), -1)
+    rows = _ScaledRows.of(weights, values)
+    wide = values.double()
+    assert torch.equal(rows.value_exp, torch.frexp(wide.abs().amax(dim=(-2, -1))).exponent)
+    assert torch.equal(
+        rows.values, wide * torch.ldexp(torch.ones(3, dtype=torch.float64), -rows.value_exp)[:, None, None]
+    )

@@ -355,9 +355,11 @@ class _ScaledRows:
     @classmethod
     def of(cls, weights: Tensor, values: Tensor) -> "_ScaledRows":
         n_keys = weights.shape[-1]
-        w, v = weights.to(torch.float64), values.to(torch.float64)
+        w = weights.to(torch.float64)
         weight_exp = torch.frexp(w.amax(dim=-1)).exponent + math.ceil(math.log2(n_keys))
-        v_max = v.abs().amax(dim=(-2, -1)) if v.shape[-1] else w.new_zeros(w.shape[0])
+        # in the values' own dtype (float32: half the bytes): abs, max and the widening are exact
+        v_max = values.abs().amax(dim=(-2, -1)).to(torch.float64) if values.shape[-1] else w.new_zeros(w.shape[0])
+        v = values.to(torch.float64)
         value_exp = torch.frexp(v_max).exponent
         return cls(times_pow2(w, -weight_exp[:, None]), times_pow2(v, -value_exp[:, None, None]), weight_exp, value_exp)
 
