@@ -147,6 +147,11 @@ def test_unknown_kernel_is_refused():
         separability_queries(weights, values, list(range(4)), kv_heads(4, 2), kernel="cuda")
 
 
+def numbers(values):
+    """The values that are not NaN: a NaN bound is never an extreme."""
+    return [v for v in values if not np.isnan(v)]
+
+
 def screen_by_loops(x, w, v_norm, rank, ns, q, coef, absolute, s_norm):
     """The documented decisions, one cell at a time (float64 Euclidean screen): counts [2, P, E, G]
     and the four lists of flat [P, K, E, G] cells (``x`` [P, K, G, E])."""
@@ -164,10 +169,10 @@ def screen_by_loops(x, w, v_norm, rank, ns, q, coef, absolute, s_norm):
                 real = [k for k in range(q[r] + 1)]
                 inside = [k for k in real if rank[p, k, r] < ns[r, g]]
                 outside = [k for k in real if rank[p, k, r] >= ns[r, g]]
-                m_max = max([lo[p, k, g, r] for k in inside], default=-np.inf)
-                p_max = max([hi[p, k, g, r] for k in inside], default=-np.inf)
-                m_min = min([lo[p, k, g, r] for k in outside], default=np.inf)
-                p_min = min([hi[p, k, g, r] for k in outside], default=np.inf)
+                m_max = max(numbers(lo[p, k, g, r] for k in inside), default=-np.inf)
+                p_max = max(numbers(hi[p, k, g, r] for k in inside), default=-np.inf)
+                m_min = min(numbers(lo[p, k, g, r] for k in outside), default=np.inf)
+                p_min = min(numbers(hi[p, k, g, r] for k in outside), default=np.inf)
                 counts[0, p, r, g] = sum(hi[p, k, g, r] <= m_max for k in outside)
                 counts[1, p, r, g] = sum(hi[p, k, g, r] <= m_min for k in inside)
                 flat = {k: ((p * n_keys + k) * n_rows + r) * n_sizes + g for k in real}
@@ -193,6 +198,29 @@ def test_screen_counts_equal_the_loops_over_every_row(n_groups, n_keys, n_rows, 
     in_layout = kernel_layout(x.swapaxes(2, 3), w, v_norm, rank)
     counts, cells = fused.screen_counts(*in_layout, ns, q, 0.05, absolute, s_norm, given=False)
     ref_counts, ref_cells = screen_by_loops(x, w, v_norm, rank, ns, q, 0.05, absolute, s_norm)
+    assert np.array_equal(counts, ref_counts)
+    assert [c.tolist() for c in cells] == ref_cells
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 11), st.integers(0, 2**16))
+def test_screen_counts_with_infinite_zero_and_nan_bounds_equal_the_loops(n_keys, n_rows, seed):
+    """Bounds of -inf and +inf (a row left unscreened: ``absolute = +inf``; an infinite product),
+    of -0.0 and +0.0 (zero weights and products) and NaN (never an extreme): the kernel's integer
+    extremes decide as the cell-by-cell loops do."""
+    rng = np.random.default_rng(seed)
+    q = rng.integers(0, n_keys, n_rows)
+    ns = rng.integers(1, q[:, None] + 2, (n_rows, 3))
+    x = rng.choice([0.0, -0.0, 0.5, -0.5, 1.0, np.inf, -np.inf, np.nan], size=(1, n_keys, 3, n_rows))
+    w = rng.choice([0.0, 0.25, 1.0], size=(1, n_keys, n_rows))
+    v_norm = rng.choice([0.0, 1.0, 2.0], size=(1, n_keys, n_rows))
+    rank = np.argsort(rng.uniform(size=(1, n_rows, n_keys)), axis=-1).argsort(axis=-1).swapaxes(1, 2)
+    absolute = rng.choice([0.0, 0.125, np.inf], size=(1, n_rows, 3))
+    s_norm = rng.choice([0.0, 1.0], size=(1, n_rows, 3))
+    in_layout = kernel_layout(x.swapaxes(2, 3), w, v_norm, rank)
+    with np.errstate(invalid="ignore"):
+        counts, cells = fused.screen_counts(*in_layout, ns, q, 0.05, absolute, s_norm, given=False)
+        ref_counts, ref_cells = screen_by_loops(x, w, v_norm, rank, ns, q, 0.05, absolute, s_norm)
     assert np.array_equal(counts, ref_counts)
     assert [c.tolist() for c in cells] == ref_cells
 

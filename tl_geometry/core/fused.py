@@ -3,11 +3,11 @@
 For every engine row ``e`` and size ``g`` of a block, the screening value of key ``i`` is
 ``E_i = ||y_i||^2 - 2 <y_i, s>`` (Euclidean) or ``1 - <y_i, s> / (||y_i|| ||s|| + eps)`` (cosine),
 from the block's one product ``x = <v_i, s>`` (definitions §2), with a band of its own,
-``coef ||y_i|| (||y_i|| + 2 ||s||) + absolute`` (docs/engine.md derives it). The kernel reads each
-row's keys twice per size (the extremes of ``E -+ band``, then the counts), along the keys
-(contiguous, up to the row's last key; selection as selects: no branch), and returns the keys surely within each
-radius and the keys to measure in float64, in the order ``Tensor.nonzero`` gives them on
-``[P, K, E, G]``. The arithmetic of ``E`` is that of the torch screen, operation by operation, in
+``coef ||y_i|| (||y_i|| + 2 ||s||) + absolute`` (docs/engine.md derives it). The kernel makes three
+vectorised passes along each row's keys per size (the bounds ``E -+ band``, their extremes as
+integer maxima of their bits, then the counts; contiguous, up to the row's last key; selection as
+selects: no branch), and returns the keys surely within each radius and the keys to measure in
+float64, in the order ``Tensor.nonzero`` gives them on ``[P, K, E, G]``. The arithmetic of ``E`` is that of the torch screen, operation by operation, in
 the screen's dtype (no fast-math: nothing reassociated or contracted).
 
 Example: ``screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, given=False)`` for the
@@ -67,43 +67,62 @@ def _row_terms(w, v_norm, coef, one, given, sq, w2, cy2, cy):  # pragma: no cove
         cy2[k], cy[k] = coef * (y * y), 2 * coef * y
 
 
-def _interval(x, sq, w2, cy2, cy, s, absolute, k):  # pragma: no cover - compiled
-    """``M, P = E -+ band`` of key ``k`` of one row and size: ``E`` in the screen's dtype, then float64."""
-    value = np.float64(sq[k] - w2[k] * x[k])  # torch.addcmul(sq, w, x, value=-2)
-    band = cy2[k] + cy[k] * s + absolute
-    return value - band, value + band
-
-
-def _extremes(x, sq, w2, cy2, cy, rank, n, s, absolute, last):  # pragma: no cover - compiled
-    """``max M``, ``max P`` over the selected keys (``rank < n``) and ``min M``, ``min P`` over the
-    unselected ones of one row and size, ``M, P = E -+ band``: selects, no branch."""
-    m_max, p_max, m_min, p_min = -np.inf, -np.inf, np.inf, np.inf
+def _intervals(x, sq, w2, cy2, cy, s, absolute, last, lo, hi):  # pragma: no cover - compiled
+    """``M, P = E -+ band`` of every key of one row and size into ``lo``, ``hi`` (float64): ``E`` in
+    the screen's dtype (``torch.addcmul(sq, w, x, value=-2)``), then the band in float64."""
     for k in range(last):
-        lo, hi = _interval(x, sq, w2, cy2, cy, s, absolute, k)
+        value = np.float64(sq[k] - w2[k] * x[k])
+        band = cy2[k] + cy[k] * s + absolute
+        lo[k], hi[k] = value - band, value + band
+
+
+#: The bits that :func:`_order_key` flips in a negative float64: all but the sign.
+_MAGNITUDE = np.int64(0x7FFFFFFFFFFFFFFF)
+#: The bits of ``+inf``: a float64 whose magnitude bits exceed them is a NaN.
+_INF_BITS = np.int64(0x7FF0000000000000)
+
+
+def _order_key(bits):  # pragma: no cover - compiled
+    """An int64 in the order of the float64 whose bits these are (``-0.0`` just below ``+0.0``), and back."""
+    return bits ^ ((bits >> 63) & _MAGNITUDE)
+
+
+def _extremes(lo_bits, hi_bits, rank, n, last, low, high, out):  # pragma: no cover - compiled
+    """``max M``, ``max P`` over the selected keys (``rank < n``) and ``min M``, ``min P`` over the
+    unselected ones of one row and size, as order keys of their bits (``low``, ``high``: those of
+    ``-inf``, ``+inf``; NaNs never taken), written into ``out``.
+
+    Integer maxima and minima are exact in any order, so LLVM vectorises them; a float maximum it
+    vectorises only under fast-math. The extremes are the values themselves (of ``-0.0`` and
+    ``+0.0`` either, which every later comparison treats alike)."""
+    m_max, p_max, m_min, p_min = low, low, high, high
+    for k in range(last):
+        a, b = lo_bits[k], hi_bits[k]
         selected = rank[k] < n
-        t = lo if selected else -np.inf
+        a_number, b_number = (a & _MAGNITUDE) <= _INF_BITS, (b & _MAGNITUDE) <= _INF_BITS
+        key_a, key_b = _order_key(a), _order_key(b)
+        t = key_a if selected & a_number else low
         m_max = t if t > m_max else m_max
-        t = hi if selected else -np.inf
+        t = key_b if selected & b_number else low
         p_max = t if t > p_max else p_max
-        t = np.inf if selected else lo
+        t = high if selected | (not a_number) else key_a
         m_min = t if t < m_min else m_min
-        t = np.inf if selected else hi
+        t = high if selected | (not b_number) else key_b
         p_min = t if t < p_min else p_min
-    return m_max, p_max, m_min, p_min
+    out[0], out[1], out[2], out[3] = _order_key(m_max), _order_key(p_max), _order_key(m_min), _order_key(p_min)
 
 
-def _decisions(x, sq, w2, cy2, cy, rank, n, s, absolute, last, m_max, p_max, m_min, p_min, flagged):  # pragma: no cover
+def _decisions(lo, hi, rank, n, last, m_max, p_max, m_min, p_min, flagged):  # pragma: no cover - compiled
     """The keys of one row and size surely within ``r_max`` (unselected) and ``r_min`` (selected), and
     which keys to measure (``flagged``): branch-free, vectorised by LLVM."""
     within_max, within_min = 0, 0
     for k in range(last):
-        lo, hi = _interval(x, sq, w2, cy2, cy, s, absolute, k)
         selected = rank[k] < n
-        sure_out, sure_in = hi <= m_max, hi <= m_min
+        sure_out, sure_in = hi[k] <= m_max, hi[k] <= m_min
         within_max += (not selected) & sure_out
         within_min += selected & sure_in
-        near_out = (lo <= p_min) | ((not sure_out) & (lo <= p_max))
-        near_in = (hi >= m_max) | ((not sure_in) & (lo <= p_min))
+        near_out = (lo[k] <= p_min) | ((not sure_out) & (lo[k] <= p_max))
+        near_in = (hi[k] >= m_max) | ((not sure_in) & (lo[k] <= p_min))
         flagged[k] = (selected & near_in) | ((not selected) & near_out)
     return within_max, within_min
 
@@ -120,11 +139,15 @@ def _screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, one, given
     # counts [2, P, E, G]: the unselected keys surely within r_max, the selected surely within r_min;
     # cells [4, capacity]: flat [P, K, E, G] indices of r_max's candidates, r_min's candidates, the
     # unselected keys undecided against r_max and the selected undecided against r_min. Each row
-    # and size is two passes along its keys (contiguous; keys after the row's last never read).
+    # and size is three passes along its keys (contiguous; keys after the row's last never read).
     n_groups, n_rows, n_sizes, n_keys = x.shape
     n_cells = np.zeros(4, dtype=np.int64)
     sq, w2 = np.empty(n_keys, dtype=x.dtype), np.empty(n_keys, dtype=x.dtype)
     cy2, cy = np.empty(n_keys), np.empty(n_keys)
+    lo, hi = np.empty(n_keys), np.empty(n_keys)
+    extremes = np.empty(4)
+    infinities = np.array([-np.inf, np.inf]).view(np.int64)
+    low, high = _order_key(infinities[0]), _order_key(infinities[1])
     flagged = np.empty(n_keys, dtype=np.bool_)
     for p in range(n_groups):
         for r in range(n_rows):
@@ -132,10 +155,12 @@ def _screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, one, given
             _row_terms(w[p, r], v_norm[p, r], coef, one, given, sq, w2, cy2, cy)
             rank_r = rank[p, r]
             for g in range(n_sizes):
-                x_row, n, s, band0 = x[p, r, g], ns[r, g], s_norm[p, r, g], absolute[p, r, g]
-                m_max, p_max, m_min, p_min = _extremes(x_row, sq, w2, cy2, cy, rank_r, n, s, band0, last)
+                n, s = ns[r, g], s_norm[p, r, g]
+                _intervals(x[p, r, g], sq, w2, cy2, cy, s, absolute[p, r, g], last, lo, hi)
+                _extremes(lo.view(np.int64), hi.view(np.int64), rank_r, n, last, low, high, extremes.view(np.int64))
+                m_max, p_max, m_min, p_min = extremes[0], extremes[1], extremes[2], extremes[3]
                 counts[0, p, r, g], counts[1, p, r, g] = _decisions(
-                    x_row, sq, w2, cy2, cy, rank_r, n, s, band0, last, m_max, p_max, m_min, p_min, flagged
+                    lo, hi, rank_r, n, last, m_max, p_max, m_min, p_min, flagged
                 )
                 if n_cells.max() + last > cells.shape[1]:  # room for this row's cells
                     cells = _grow(cells)
@@ -143,20 +168,19 @@ def _screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, one, given
                 for k in range(last):  # the few flagged keys: their cells
                     if not flagged[k]:
                         continue
-                    lo, hi = _interval(x_row, sq, w2, cy2, cy, s, band0, k)
                     flat = ((p * n_keys + k) * n_rows + r) * n_sizes + g
                     if rank_r[k] < n:
-                        if hi >= m_max:  # may be the farthest selected key
+                        if hi[k] >= m_max:  # may be the farthest selected key
                             cells[0, c0] = flat
                             c0 += 1
-                        if hi > m_min and lo <= p_min:
+                        if hi[k] > m_min and lo[k] <= p_min:
                             cells[3, c3] = flat
                             c3 += 1
                     else:
-                        if lo <= p_min:  # may be the nearest unselected key
+                        if lo[k] <= p_min:  # may be the nearest unselected key
                             cells[1, c1] = flat
                             c1 += 1
-                        if hi > m_max and lo <= p_max:
+                        if hi[k] > m_max and lo[k] <= p_max:
                             cells[2, c2] = flat
                             c2 += 1
                 n_cells[0], n_cells[1], n_cells[2], n_cells[3] = c0, c1, c2, c3
@@ -211,7 +235,8 @@ _compiled_differences: Any = None
 _compiled_coordinates: Any = None
 if AVAILABLE:
     _row_terms = numba.njit(cache=True, inline="always")(_row_terms)
-    _interval = numba.njit(cache=True, inline="always")(_interval)
+    _intervals = numba.njit(cache=True)(_intervals)
+    _order_key = numba.njit(cache=True, inline="always")(_order_key)
     _extremes = numba.njit(cache=True)(_extremes)
     _decisions = numba.njit(cache=True)(_decisions)
     _grow = numba.njit(cache=True, inline="never")(_grow)
