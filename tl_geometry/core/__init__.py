@@ -3,6 +3,7 @@
 No model, no files: tensors in, tensors out. Everything above this layer builds on it.
 
 * :mod:`~tl_geometry.core.rankings` — the orders that define the top-``N`` set ``I_N``;
+* :mod:`~tl_geometry.core.stable_order` — that order from numpy's vectorised sort, ties in key order;
 * :mod:`~tl_geometry.core.ranking_checks` — the rankings and distances by name, their checks (no torch);
 * :mod:`~tl_geometry.core.sizes` — the grids of selection sizes ``N``;
 * :mod:`~tl_geometry.core.separability` — precision, recall and F-scores of one row per call;

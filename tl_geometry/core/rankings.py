@@ -37,6 +37,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from tl_geometry.core import stable_order
 from tl_geometry.core.checks import typechecked
 from tl_geometry.core.ranking_checks import (
     DEFAULT_N_RANDOM,
@@ -216,7 +217,22 @@ def default_row_keys(batch: Sequence[int], device: torch.device | str = "cpu") -
 
 
 def selection_order(scores: Float[Tensor, "*batch k"]) -> Int[Tensor, "*batch k"]:
-    """Keys by score, highest first, ties to the lower key index: ``I_N = order[..., :N]`` (definitions §2)."""
+    """Keys by score, highest first, ties to the lower key index: ``I_N = order[..., :N]`` (definitions §2).
+
+    ``torch.argsort(scores, descending=True, stable=True)``; float32 and float64 scores on the CPU
+    without NaN are sorted by :func:`tl_geometry.core.stable_order.stable_descending` (numpy's
+    vectorised sort, ties put back in key order), which gives the same permutation faster.
+    """
+    fast = (
+        stable_order.AVAILABLE
+        and scores.device.type == "cpu"
+        and scores.numel() > 0
+        and scores.dtype in (torch.float32, torch.float64)
+    )
+    if fast:
+        array = scores.detach().numpy()
+        if not np.isnan(array).any():
+            return torch.from_numpy(stable_order.stable_descending(array))
     return torch.argsort(scores, dim=-1, descending=True, stable=True)
 
 
