@@ -88,6 +88,48 @@ def test_extremes_and_counts_by_hand():
     assert unsure.tolist() == [[True, False, False]]
 
 
+def extremes_by_loops(upper, band_key, band_sq, sigma, ns, cosine):
+    """``i*`` and ``j*`` one cell at a time, keys in selection order: the first position of the
+    largest ``M`` among ``t < N`` and of the smallest ``P`` among ``t >= N`` (``K - 1`` where
+    ``N = K``), starting from the first key and moving only to a strictly larger (smaller) value."""
+    n_batch, n_sizes, n_keys = upper.shape
+    i_star, j_star = np.zeros((n_batch, n_sizes), dtype=np.int64), np.zeros((n_batch, n_sizes), dtype=np.int64)
+    for b in range(n_batch):
+        for g, n in enumerate(ns):
+            two_sigma = upper.dtype.type(-2) * sigma[b, g]
+            lower = upper[b, g] if cosine else upper[b, g] + two_sigma * band_key[b] - band_sq[b]
+            at = 0
+            for t in range(1, n):
+                at = t if lower[t] > lower[at] else at
+            i_star[b, g] = at
+            at = min(n, n_keys - 1)
+            for t in range(at + 1, n_keys):
+                at = t if upper[b, g, t] < upper[b, g, at] else at
+            j_star[b, g] = at
+    return i_star, j_star
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 23), st.sampled_from([np.float32, np.float64]), st.booleans(),
+       st.integers(0, 2**32 - 1))  # fmt: skip
+def test_extremes_in_selection_order_equal_the_loops(n_batch, n_keys, dtype, cosine, seed):
+    """Tie-prone bounds (signed zeros, infinities, NaNs, repeated values) and every size, both
+    screen dtypes: the compiled extremes, four lanes merged, equal the one-chain loops."""
+    rng = np.random.default_rng(seed)
+    values = [0.0, -0.0, 0.5, -0.5, 1.0, 3.0, np.inf, -np.inf, np.nan]
+    upper = rng.choice(values, size=(n_batch, n_keys, n_keys), p=[0.15, 0.1, 0.15, 0.1, 0.15, 0.15, 0.08, 0.08, 0.04])
+    upper = upper.astype(dtype)
+    band_key = rng.choice([0.0, 0.25, 0.5], size=(n_batch, n_keys)).astype(dtype)
+    band_sq = rng.choice([0.0, 0.5], size=(n_batch, n_keys)).astype(dtype)
+    sigma = rng.choice([0.0, 1.0, 2.0], size=(n_batch, n_keys)).astype(dtype)
+    ns = np.arange(1, n_keys + 1)
+    with np.errstate(invalid="ignore"):
+        got = fused_rows.extremes(upper, band_key, band_sq, sigma, ns, cosine=cosine)
+        expected = extremes_by_loops(upper, band_key, band_sq, sigma, ns, cosine)
+    assert got[0].tolist() == expected[0].tolist()
+    assert got[1].tolist() == expected[1].tolist()
+
+
 def test_unknown_kernel_is_refused():
     weights, values = random_rows("random", n_rows=1, k=4, d=2, seed=0)
     with pytest.raises(InputError, match="kernel must be one of"):
