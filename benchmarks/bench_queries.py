@@ -99,7 +99,7 @@ def main() -> None:
     parser.add_argument("--no-old-way", action="store_true", help="skip the one-position-at-a-time comparison")
     parser.add_argument("--last-query-len", type=int, default=1024, help="tokens of the every-N / random window")
     args = parser.parse_args()
-    from roofline import every_query_macs, floor_line, matmul_macs_per_second
+    from roofline import cpu_line, every_query_macs, floor_line, matmul_macs_per_second
 
     import tl_geometry as tlg
 
@@ -109,6 +109,7 @@ def main() -> None:
     model = tlg.load_model("smollm2-135m", device=args.device)
     tokens = tlg.corpus_tokens(model, tlg.corpus.python_docs(n_seqs=args.n_seqs, seq_len=args.seq_len))
     print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(cpu_line())
     forward = forward_seconds(model, tokens)
     shape = f"{args.n_seqs} x {args.seq_len} tokens"
     print(f"forward {forward:.2f}s ({shape})", flush=True)

@@ -37,10 +37,12 @@ def main() -> None:
     args = parser.parse_args()
 
     from captured_layers import smollm2_layers
+    from roofline import cpu_line
 
     from tl_geometry.core.query_engine import separability_queries
 
     info, captured = smollm2_layers(args.layers, args.seq_len)
+    print(cpu_line())
     queries = list(range(args.seq_len))
     kv_head_of = info.kv_head_of()
     for layer, (pattern, v) in captured.items():

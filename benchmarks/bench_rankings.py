@@ -77,6 +77,9 @@ def ratios(model, n_seqs: int, seq_len: int) -> None:
     corpus = tlg.corpus.python_docs(n_seqs=n_seqs, seq_len=seq_len)
     tokens = corpus_tokens(model, corpus)
     fwd = forward_seconds(model, tokens, batch_size=1)
+    from roofline import cpu_line
+
+    print(cpu_line())
     print(f"plain forward: {fwd:.2f}s for {n_seqs} windows of {seq_len} tokens")
     attention = analysis_seconds(model, corpus, rank_by="attention")
     with timing_local_columns() as local:

@@ -136,6 +136,9 @@ def main() -> None:
     n = 2 if args.quick else args.n_seqs
     model = tlg.load_model("smollm2-135m", device=args.device)
     print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    from roofline import cpu_line
+
+    print(cpu_line())
     main_job = dict(diagnostics=True, bounds=True, taxonomy=True, ns="log")
     warm = tlg.corpus_tokens(model, tlg.corpus.python_docs(n_seqs=1, seq_len=64))
     for dtype in (torch.float64, torch.float32):  # numba's start-up and compiles (per dtype), untimed

@@ -9,6 +9,7 @@ one large float64 (or float32) matrix product on the same threads.
 
 from __future__ import annotations
 
+import platform
 import time
 
 import torch
@@ -28,6 +29,25 @@ def matmul_macs_per_second(dtype: torch.dtype, size: int = 512, repeats: int = 5
         torch.bmm(a, b)
         best = min(best, time.perf_counter() - start)
     return a.numel() * b.shape[-1] / best
+
+
+def cpu_line() -> str:
+    """The processor and its widest vector extensions: the ratios of a benchmark depend on them (a
+    forward pass gains more from AVX-512 than the engines' compiled passes), so quote them with it."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:  # not Linux: the model name alone
+        pass
+    vectors = [name for name in ("avx512f", "avx2", "avx", "fma", "neon", "asimd") if name in flags]
+    return f"CPU: {model}; vector extensions: {' '.join(vectors) or 'unknown'}"
 
 
 def every_query_macs(seq_len: int, n_rows_per_query: int, d: int) -> int:
