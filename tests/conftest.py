@@ -100,6 +100,15 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def fixed_threads(monkeypatch):
+    """torch's thread count as it is, declared the user's (``OMP_NUM_THREADS``), so the package keeps
+    it: a test that compares the package's forward pass with one run outside it gets the same
+    reduction order whatever the machine's load (the package would otherwise take the CPUs free
+    then, one on a loaded 2-core machine, and float32 sums would round differently)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
+
+
 @pytest.fixture(scope="module")
 def pair():
     """A random grouped-query LLaMA as a plain transformers model and, with the same weights, as a

@@ -24,6 +24,10 @@ from tl_geometry.intervention.loss import corpus_nll
 
 TOL = 1e-6
 
+# the package's forward passes (corpus_nll) against the plain model's: one thread count for both,
+# whatever the load (a loaded machine once gave the package one thread and a 3e-6 nats gap)
+pytestmark = pytest.mark.usefixtures("fixed_threads")
+
 
 @pytest.fixture(scope="module")
 def models():

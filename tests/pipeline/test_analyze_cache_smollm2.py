@@ -9,6 +9,9 @@ import torch
 import tl_geometry as tlg
 from tl_geometry.errors import InputError
 
+# analyze's own forward pass against run_with_cache's: one thread count for both, whatever the load
+pytestmark = pytest.mark.usefixtures("fixed_threads")
+
 LAYERS = [0, 10, 29]
 QUERIES = [31, 79]
 
