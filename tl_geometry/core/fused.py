@@ -78,8 +78,10 @@ def _intervals(x, sq, w2, cy2, cy, s, absolute, last, lo, hi):  # pragma: no cov
 
 #: The bits that :func:`_order_key` flips in a negative float64: all but the sign.
 _MAGNITUDE = np.int64(0x7FFFFFFFFFFFFFFF)
-#: The bits of ``+inf``: a float64 whose magnitude bits exceed them is a NaN.
+#: The bits of ``+inf``: a float64 whose magnitude bits exceed them is a NaN. They are also
+#: ``+inf``'s order key, and their complement ``-inf``'s.
 _INF_BITS = np.int64(0x7FF0000000000000)
+_NEG_INF_KEY = np.int64(~0x7FF0000000000000)
 
 
 def _order_key(bits):  # pragma: no cover - compiled
@@ -87,14 +89,15 @@ def _order_key(bits):  # pragma: no cover - compiled
     return bits ^ ((bits >> 63) & _MAGNITUDE)
 
 
-def _extremes(lo_bits, hi_bits, rank, n, last, low, high, out):  # pragma: no cover - compiled
+def _extremes(lo_bits, hi_bits, rank, n, last, out):  # pragma: no cover - compiled
     """``max M``, ``max P`` over the selected keys (``rank < n``) and ``min M``, ``min P`` over the
-    unselected ones of one row and size, as order keys of their bits (``low``, ``high``: those of
-    ``-inf``, ``+inf``; NaNs never taken), written into ``out``.
+    unselected ones of one row and size (``-inf`` and ``+inf`` where there are none; NaNs never
+    taken), found as order keys of their bits and written into ``out`` as bits.
 
     Integer maxima and minima are exact in any order, so LLVM vectorises them; a float maximum it
     vectorises only under fast-math. The extremes are the values themselves (of ``-0.0`` and
     ``+0.0`` either, which every later comparison treats alike)."""
+    low, high = _NEG_INF_KEY, _INF_BITS
     m_max, p_max, m_min, p_min = low, low, high, high
     for k in range(last):
         a, b = lo_bits[k], hi_bits[k]
@@ -145,9 +148,9 @@ def _screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, one, given
     sq, w2 = np.empty(n_keys, dtype=x.dtype), np.empty(n_keys, dtype=x.dtype)
     cy2, cy = np.empty(n_keys), np.empty(n_keys)
     lo, hi = np.empty(n_keys), np.empty(n_keys)
+    lo_bits, hi_bits = lo.view(np.int64), hi.view(np.int64)
     extremes = np.empty(4)
-    infinities = np.array([-np.inf, np.inf]).view(np.int64)
-    low, high = _order_key(infinities[0]), _order_key(infinities[1])
+    extremes_bits = extremes.view(np.int64)
     flagged = np.empty(n_keys, dtype=np.bool_)
     for p in range(n_groups):
         for r in range(n_rows):
@@ -157,7 +160,7 @@ def _screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, one, given
             for g in range(n_sizes):
                 n, s = ns[r, g], s_norm[p, r, g]
                 _intervals(x[p, r, g], sq, w2, cy2, cy, s, absolute[p, r, g], last, lo, hi)
-                _extremes(lo.view(np.int64), hi.view(np.int64), rank_r, n, last, low, high, extremes.view(np.int64))
+                _extremes(lo_bits, hi_bits, rank_r, n, last, extremes_bits)
                 m_max, p_max, m_min, p_min = extremes[0], extremes[1], extremes[2], extremes[3]
                 counts[0, p, r, g], counts[1, p, r, g] = _decisions(
                     lo, hi, rank_r, n, last, m_max, p_max, m_min, p_min, flagged
