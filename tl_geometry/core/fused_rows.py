@@ -35,68 +35,44 @@ def _lower(p, neg_two_sigma, band_key, band_sq, cosine):  # pragma: no cover - c
     return p + neg_two_sigma * band_key - band_sq
 
 
-def _first_largest(x, start, stop):  # pragma: no cover - compiled
-    """The first position of the largest of ``x[start:stop]`` (NaNs never taken; ``start`` where
-    ``x[start]`` is a NaN): what ``best, at = x[start], start`` then ``if x[t] > best`` gives.
+def _beats(v, best, largest):  # pragma: no cover - compiled
+    return v > best if largest else v < best
 
-    Four lanes of positions ``t = start + 1 + 4 i + j`` keep their own first largest, then the lanes
+
+def _first_extreme(x, start, stop, largest):  # pragma: no cover - compiled
+    """The first position of the largest (or smallest) of ``x[start:stop]`` (NaNs never taken;
+    ``start`` where ``x[start]`` is a NaN): what ``best, at = x[start], start`` then
+    ``if x[t] > best`` (``<``) gives.
+
+    Four lanes of positions ``t = start + 1 + 4 i + j`` keep their own first extreme, then the lanes
     are merged by value, ties to the lower position: the same position, without one chain of
     dependent comparisons through every key (about twice as fast). A NaN at ``start`` stays: no
-    comparison with it is true."""
+    comparison with it is true. ``largest`` is a constant at each call, so the inlined copies
+    carry no branch on it."""
     b0, a0 = x[start], start
-    b1 = b2 = b3 = -np.inf
+    b1 = b2 = b3 = -np.inf if largest else np.inf
     a1 = a2 = a3 = stop
     t = start + 1
     while t + 3 < stop:
         v0, v1, v2, v3 = x[t], x[t + 1], x[t + 2], x[t + 3]
-        if v0 > b0:
+        if _beats(v0, b0, largest):
             b0, a0 = v0, t
-        if v1 > b1:
+        if _beats(v1, b1, largest):
             b1, a1 = v1, t + 1
-        if v2 > b2:
+        if _beats(v2, b2, largest):
             b2, a2 = v2, t + 2
-        if v3 > b3:
+        if _beats(v3, b3, largest):
             b3, a3 = v3, t + 3
         t += 4
     while t < stop:
-        if x[t] > b0:
+        if _beats(x[t], b0, largest):
             b0, a0 = x[t], t
         t += 1
-    if b1 > b0 or (b1 == b0 and a1 < a0):
+    if _beats(b1, b0, largest) or (b1 == b0 and a1 < a0):
         b0, a0 = b1, a1
-    if b2 > b0 or (b2 == b0 and a2 < a0):
+    if _beats(b2, b0, largest) or (b2 == b0 and a2 < a0):
         b0, a0 = b2, a2
-    if b3 > b0 or (b3 == b0 and a3 < a0):
-        b0, a0 = b3, a3
-    return a0
-
-
-def _first_smallest(x, start, stop):  # pragma: no cover - compiled
-    """:func:`_first_largest` for the smallest."""
-    b0, a0 = x[start], start
-    b1 = b2 = b3 = np.inf
-    a1 = a2 = a3 = stop
-    t = start + 1
-    while t + 3 < stop:
-        v0, v1, v2, v3 = x[t], x[t + 1], x[t + 2], x[t + 3]
-        if v0 < b0:
-            b0, a0 = v0, t
-        if v1 < b1:
-            b1, a1 = v1, t + 1
-        if v2 < b2:
-            b2, a2 = v2, t + 2
-        if v3 < b3:
-            b3, a3 = v3, t + 3
-        t += 4
-    while t < stop:
-        if x[t] < b0:
-            b0, a0 = x[t], t
-        t += 1
-    if b1 < b0 or (b1 == b0 and a1 < a0):
-        b0, a0 = b1, a1
-    if b2 < b0 or (b2 == b0 and a2 < a0):
-        b0, a0 = b2, a2
-    if b3 < b0 or (b3 == b0 and a3 < a0):
+    if _beats(b3, b0, largest) or (b3 == b0 and a3 < a0):
         b0, a0 = b3, a3
     return a0
 
@@ -112,12 +88,12 @@ def _extremes(upper, band_key, band_sq, sigma, ns, rank, consts, cosine, i_star,
             neg_two_sigma = consts[0] * sigma[b, g]
             if rank.shape[0] == 0:  # keys in selection order: I_N is the first N positions
                 if cosine:
-                    i_star[b, g] = _first_largest(upper[b, g], 0, n)
+                    i_star[b, g] = _first_extreme(upper[b, g], 0, n, True)
                 else:
                     for t in range(n):  # M of the in-keys, then its first largest
                         lower[t] = _lower(upper[b, g, t], neg_two_sigma, band_key[row, t], band_sq[row, t], cosine)
-                    i_star[b, g] = _first_largest(lower, 0, n)
-                j_star[b, g] = _first_smallest(upper[b, g], min(n, n_keys - 1), n_keys)
+                    i_star[b, g] = _first_extreme(lower, 0, n, True)
+                j_star[b, g] = _first_extreme(upper[b, g], min(n, n_keys - 1), n_keys, False)
             else:  # keys in key order, each at its selection position rank[b, t]
                 best_in, at_in, best_out, at_out = -consts[1], 0, consts[1], n_keys - 1
                 for t in range(n_keys):
@@ -202,8 +178,8 @@ _compiled_ordered_rows: Any = None
 _compiled_contributions_at: Any = None
 if AVAILABLE:
     _lower = numba.njit(cache=True, inline="always")(_lower)
-    _first_largest = numba.njit(cache=True, inline="always")(_first_largest)
-    _first_smallest = numba.njit(cache=True, inline="always")(_first_smallest)
+    _beats = numba.njit(cache=True, inline="always")(_beats)
+    _first_extreme = numba.njit(cache=True, inline="always")(_first_extreme)
     _compiled_extremes = numba.njit(cache=True, nogil=True)(_extremes)
     _compiled_counts = numba.njit(cache=True, nogil=True)(_counts)
     _compiled_ordered_rows = numba.njit(cache=True, nogil=True)(_ordered_rows)
