@@ -1,0 +1,64 @@
+"""The selection order (issue 22): torch's stable ``argsort`` against ``selection_order``, in one run.
+
+On the engines' row shapes (SmolLM2: 9 heads; a block of the query engine's rows with ``-inf``
+padding, the last query of 270 heads, the random control's 16 draws per row), prints the best of
+``--repeat`` calls of each, their ratio, and that both give the same permutation.
+
+Run:  OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_selection_order.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+from tl_geometry.core.rankings import selection_order
+
+
+def best_of(repeat: int, function, *args) -> float:
+    function(*args)
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        function(*args)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def rows(n_rows: int, n_keys: int, generator: torch.Generator) -> torch.Tensor:
+    """Softmax weights with a sink, zeros past each row's last key (as the query engine pads them)."""
+    weights = torch.softmax(4 * torch.randn(n_rows, n_keys, dtype=torch.float64, generator=generator), dim=-1)
+    last = n_keys - 1 - torch.arange(n_rows)[:, None] % 64
+    return torch.where(torch.arange(n_keys)[None] > last, -torch.inf, weights)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=20)
+    args = parser.parse_args()
+    from roofline import cpu_line
+
+    torch.set_num_threads(1)
+    print(cpu_line())
+    generator = torch.Generator().manual_seed(0)
+    for name, n_rows, n_keys in (
+        ("a query-engine block, 512 keys", 405, 512),
+        ("the last query of 270 heads, 1024 keys", 270, 1024),
+        ("16 random draws of 270 heads, 1024 keys", 270 * 16, 1024),
+    ):
+        scores = rows(n_rows, n_keys, generator)
+        same = torch.equal(selection_order(scores), torch.argsort(scores, dim=-1, descending=True, stable=True))
+        torch_s = best_of(args.repeat, lambda s: torch.argsort(s, dim=-1, descending=True, stable=True), scores)
+        ours = best_of(args.repeat, selection_order, scores)
+        print(
+            f"{name}: torch stable argsort {torch_s * 1e3:.2f} ms, selection_order {ours * 1e3:.2f} ms, "
+            f"ratio {ours / torch_s:.2f}; same permutation: {same}  (load {os.getloadavg()[0]:.2f})",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
