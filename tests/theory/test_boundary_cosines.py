@@ -14,6 +14,7 @@ import torch
 from reference import top_n
 
 from tl_geometry.core.rankings import selection_order
+from tl_geometry.theory import boundary_cosines
 from tl_geometry.theory.boundary_cosines import (
     bucket_max_matrix,
     bucket_max_measured,
@@ -49,7 +50,10 @@ def engine_rho_out(weights, values, ns, dtype=torch.float64, model_rho=None):
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("grid", ["all", "sparse"])
-def test_matches_loop(seed, grid):
+@pytest.mark.parametrize("product_elements", [None, 1], ids=["whole-buckets", "one-row-per-product"])
+def test_matches_loop(seed, grid, product_elements, monkeypatch):
+    if product_elements is not None:  # each bucket's products formed one row at a time
+        monkeypatch.setattr(boundary_cosines, "PRODUCT_ELEMENTS", product_elements)
     g = torch.Generator().manual_seed(seed)
     k_keys = 23
     weights = torch.softmax(2 * torch.randn(3, k_keys, generator=g, dtype=torch.float64), dim=-1)

@@ -27,6 +27,10 @@ if AVAILABLE:  # whether numba imports is decided once, in fused.py; without it:
 #: Slack of the float32 screen, in units of float32 epsilon, on top of ``d``.
 SCREEN_SLACK = 4
 
+#: Largest product of bucket cosines formed at once on the CPU, in elements (1 MiB of float32):
+#: it stays in the core's cache while its maximum is taken (0.69 x the time of whole-bucket products).
+PRODUCT_ELEMENTS = 1 << 18
+
 
 def buckets(ns: Int[Tensor, " g"], n_keys: int) -> tuple[list[int], list[int], Int[Tensor, " k"]]:
     """Bucket bounds ``starts, ends`` (``G + 1`` each) and the bucket of every rank ``[K]``.
@@ -140,12 +144,18 @@ def bucket_max_matrix(rho: Float[Tensor, "r k k"], ns: Int[Tensor, " g"], sink_r
 
 
 def _bucket_max(units: Tensor, ns: Tensor, sink_rank: Tensor) -> Tensor:
+    """``R [r, G+1, K]``: per bucket, the products of a few rows at a time (:data:`PRODUCT_ELEMENTS`)."""
     starts, ends, _ = buckets(ns, units.shape[1])
-    out = torch.full((units.shape[0], len(starts), units.shape[1]), -torch.inf, dtype=units.dtype, device=units.device)
+    n_rows = units.shape[0]
+    out = torch.full((n_rows, len(starts), units.shape[1]), -torch.inf, dtype=units.dtype, device=units.device)
     for b in range(1, len(starts)):
         s, e = starts[b], ends[b]
         if e > s:
-            out[:, b, :s] = torch.matmul(units[:, s:e], units[:, :s].transpose(1, 2)).amax(dim=1)
+            step = n_rows if units.device.type != "cpu" else max(1, PRODUCT_ELEMENTS // ((e - s) * s))
+            for r0 in range(0, n_rows, step):
+                rows = slice(r0, r0 + step)
+                products = torch.matmul(units[rows, s:e], units[rows, :s].transpose(1, 2))
+                torch.amax(products, dim=1, out=out[rows, b, :s])
     return _drop_sink(out, sink_rank)
 
 
