@@ -21,6 +21,7 @@ from typing import NoReturn
 
 from tl_geometry.cli import budgets, context, fact, report, run, sparsify
 from tl_geometry.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, SavedInterrupt
+from tl_geometry.core.allocator import keep_freed_memory
 from tl_geometry.errors import TLGeometryError
 
 
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command of ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    keep_freed_memory()  # the command owns its process: no page faults for every freed block
     args.argv = argv
     try:
         return int(args.handler(args))

@@ -16,6 +16,7 @@ No model, no files: tensors in, tensors out. Everything above this layer builds 
 * :mod:`~tl_geometry.core.layouts` — which keys a row is measured over: query positions and
   TransformerLens' layouts (``layout="tl"``);
 * :mod:`~tl_geometry.core.threads` — torch's CPU threads during an analysis: the CPUs free now.
+* :mod:`~tl_geometry.core.allocator` — glibc keeps freed memory (no page faults per layer).
 
 ``tl_geometry.core.separability`` is the module; the function is ``tlg.separability``
 (``tl_geometry.core.separability.separability``).
