@@ -18,6 +18,9 @@ for the forward pass and the analysis:
 build the tables after the last window (profile fits, regime features: ``timings['tables_s']``,
 once per run, not per window) is printed beside it.
 
+``--keep-freed-memory`` measures both with glibc keeping freed memory, as ``tl-geometry`` runs
+(:mod:`tl_geometry.core.allocator`): the forward pass is faster there, so the ratios are higher.
+
 Run:  OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_scale.py            (about 20 minutes on 2 cores)
       OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_scale.py --quick    (2 windows, no torchrun/memory)
 """
@@ -128,9 +131,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, mps")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--keep-freed-memory",
+        action="store_true",
+        help="glibc keeps freed blocks, as tl-geometry's own process does (tl_geometry.core.allocator)",
+    )
     args = parser.parse_args()
     import tl_geometry as tlg
+    from tl_geometry.core.allocator import keep_freed_memory
 
+    kept = keep_freed_memory() if args.keep_freed_memory else False
     torch.set_num_threads(args.threads)  # after the import: a count the package takes as the user's
 
     n = 2 if args.quick else args.n_seqs
@@ -139,6 +149,7 @@ def main() -> None:
     from roofline import cpu_line
 
     print(cpu_line())
+    print("allocator: freed memory kept (as the command line runs)" if kept else "allocator: glibc's default")
     main_job = dict(diagnostics=True, bounds=True, taxonomy=True, ns="log")
     warm = tlg.corpus_tokens(model, tlg.corpus.python_docs(n_seqs=1, seq_len=64))
     for dtype in (torch.float64, torch.float32):  # numba's start-up and compiles (per dtype), untimed
