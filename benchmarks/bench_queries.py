@@ -98,10 +98,20 @@ def main() -> None:
     parser.add_argument("--stride", type=int, default=16, help="query spacing of the old-way comparison")
     parser.add_argument("--no-old-way", action="store_true", help="skip the one-position-at-a-time comparison")
     parser.add_argument("--last-query-len", type=int, default=1024, help="tokens of the every-N / random window")
-    args = parser.parse_args()
-    from roofline import cpu_line, every_query_macs, floor_line, matmul_macs_per_second
+    from roofline import (
+        add_allocator_flag,
+        allocator_line,
+        cpu_line,
+        every_query_macs,
+        floor_line,
+        matmul_macs_per_second,
+    )
 
+    add_allocator_flag(parser)
+    args = parser.parse_args()
     import tl_geometry as tlg
+
+    allocator = allocator_line(args.keep_freed_memory)
 
     torch.set_num_threads(args.threads)  # after the import: a count the package takes as the user's
     from tl_geometry.capture import observers
@@ -110,6 +120,7 @@ def main() -> None:
     tokens = tlg.corpus_tokens(model, tlg.corpus.python_docs(n_seqs=args.n_seqs, seq_len=args.seq_len))
     print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(cpu_line())
+    print(allocator)
     forward = forward_seconds(model, tokens)
     shape = f"{args.n_seqs} x {args.seq_len} tokens"
     print(f"forward {forward:.2f}s ({shape})", flush=True)

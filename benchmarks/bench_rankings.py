@@ -134,7 +134,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="runs per setting, the best is kept (default 2)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, mps")
+    from roofline import add_allocator_flag, allocator_line
+
+    add_allocator_flag(parser)
     args = parser.parse_args()
+    print(allocator_line(args.keep_freed_memory))
     if args.threads:
         torch.set_num_threads(args.threads)
     global REPEATS

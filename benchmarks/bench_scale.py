@@ -131,25 +131,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, mps")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument(
-        "--keep-freed-memory",
-        action="store_true",
-        help="glibc keeps freed blocks, as tl-geometry's own process does (tl_geometry.core.allocator)",
-    )
+    from roofline import add_allocator_flag, allocator_line, cpu_line
+
+    add_allocator_flag(parser)
     args = parser.parse_args()
     import tl_geometry as tlg
-    from tl_geometry.core.allocator import keep_freed_memory
 
-    kept = keep_freed_memory() if args.keep_freed_memory else False
+    allocator = allocator_line(args.keep_freed_memory)
     torch.set_num_threads(args.threads)  # after the import: a count the package takes as the user's
 
     n = 2 if args.quick else args.n_seqs
     model = tlg.load_model("smollm2-135m", device=args.device)
     print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    from roofline import cpu_line
-
     print(cpu_line())
-    print("allocator: freed memory kept (as the command line runs)" if kept else "allocator: glibc's default")
+    print(allocator)
     main_job = dict(diagnostics=True, bounds=True, taxonomy=True, ns="log")
     warm = tlg.corpus_tokens(model, tlg.corpus.python_docs(n_seqs=1, seq_len=64))
     for dtype in (torch.float64, torch.float32):  # numba's start-up and compiles (per dtype), untimed

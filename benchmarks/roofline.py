@@ -50,6 +50,25 @@ def cpu_line() -> str:
     return f"CPU: {model}; vector extensions: {' '.join(vectors) or 'unknown'}"
 
 
+def add_allocator_flag(parser) -> None:
+    """``--keep-freed-memory``: measure with glibc keeping freed blocks, as ``tl-geometry`` runs."""
+    parser.add_argument(
+        "--keep-freed-memory",
+        action="store_true",
+        help="glibc keeps freed blocks, as tl-geometry's own process does (tl_geometry.core.allocator); "
+        "the forward pass is faster, so every ratio to it is higher",
+    )
+
+
+def allocator_line(keep: bool) -> str:
+    """Keep freed memory where asked (:func:`tl_geometry.core.allocator.keep_freed_memory`); says which allocator runs."""
+    from tl_geometry.core.allocator import keep_freed_memory
+
+    if keep and keep_freed_memory():
+        return "allocator: freed memory kept (as the command line runs)"
+    return "allocator: glibc's default" + (" (could not keep freed memory here)" if keep else "")
+
+
 def every_query_macs(seq_len: int, n_rows_per_query: int, d: int) -> int:
     """``sum_q (q + 1) G(q + 1) d`` over every query ``q`` of a window (log grid), times the rows
     (heads x layers) of each query."""
