@@ -1,9 +1,10 @@
 """Steady under load: ``tl-geometry run``'s analysis / forward ratio on this machine as it is and with
 two busy processes started here, with the default threads and with one thread (issue 22).
 
-One process, as ``tl-geometry run`` starts (``OMP_WAIT_POLICY=PASSIVE`` before torch loads), the
-model loaded once and one short analysis run untimed (imports, numba's kernels); then four analyses of the command line's default job (``CLI_PRESET``) over the
-same windows: as is / with ``--busy`` busy Python processes, each with torch's default threads
+One process, as ``tl-geometry run`` starts (``OMP_WAIT_POLICY=PASSIVE`` before torch loads, freed
+memory kept: :mod:`tl_geometry.core.allocator`), the model loaded once and one short analysis run
+untimed (imports, numba's kernels); then four analyses of the command line's default job
+(``CLI_PRESET``) over the same windows: as is / with ``--busy`` busy Python processes, each with torch's default threads
 (the package chooses) and with ``torch.set_num_threads(1)``. The targets:
 
 * loaded ratio <= 1.5 x the as-is ratio (default threads);
@@ -85,11 +86,18 @@ def main() -> int:
     import tl_geometry as tlg
     from tl_geometry.pipeline.settings import CLI_PRESET
 
+    try:  # as the command line does when it starts (a checkout from before it existed has no allocator)
+        from tl_geometry.core.allocator import keep_freed_memory
+    except ImportError:
+        kept = False
+    else:
+        kept = keep_freed_memory()
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(
         f"{tlg.__file__}: tl-geometry run's default job, {args.n_seqs} x {args.seq_len} tokens, {args.device}; "
         f"{os.cpu_count()} cores ({cpus} ours), torch threads {torch.get_num_threads()}, "
-        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; load average {os.getloadavg()[0]:.1f}",
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, freed memory kept: {kept}; "
+        f"load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
     model = tlg.load_model(args.model, device=args.device)
