@@ -107,7 +107,10 @@ def main() -> int:
     # compiled kernels, which would inflate the first ("as is, default") ratio and flatter the target
     tlg.analyze(model, tokens[:, :32], settings, progress=False, device=args.device)
     quiet = measure(model, tokens, settings, args.device, "as is")
-    loops = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.busy)]
+    # spawned, not forked: a fork shares this process's pages copy-on-write, and its next forward pass
+    # would pay a page copy for each page it writes (other jobs on a machine are not forks of this one)
+    spawn = multiprocessing.get_context("spawn")
+    loops = [spawn.Process(target=spin, daemon=True) for _ in range(args.busy)]
     for p in loops:
         p.start()
     time.sleep(1.0)
