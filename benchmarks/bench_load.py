@@ -4,8 +4,8 @@ two busy processes started here, with the default threads and with one thread (i
 One process, as ``tl-geometry run`` starts (``OMP_WAIT_POLICY=PASSIVE`` before torch loads, freed
 memory kept: :mod:`tl_geometry.core.allocator`), the model loaded once and one short analysis run
 untimed (imports, numba's kernels); then four analyses of the command line's default job
-(``CLI_PRESET``) over the same windows: as is / with ``--busy`` busy Python processes, each with torch's default threads
-(the package chooses) and with ``torch.set_num_threads(1)``. The targets:
+(``CLI_PRESET``) over the same windows: as is / with ``--busy`` busy Python processes, each with
+torch's default threads (the package chooses) and with ``torch.set_num_threads(1)``. The targets:
 
 * loaded ratio <= 1.5 x the as-is ratio (default threads);
 * the default never slower than one thread under load (forward and analysis, 10 % slack for noise).

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import json
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +13,7 @@ import pytest
 from tl_geometry.cli import app
 from tl_geometry.core import allocator
 
-GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+GLIBC = allocator.has_glibc()
 
 # A 64 MiB block from malloc: glibc's default serves it with mmap (one more mmapped block in
 # mallinfo2's hblks); with the thresholds at 1 GiB it comes from the heap.
@@ -37,8 +37,6 @@ print(json.dumps({"kept": kept, "mapped": mapped}))
 
 
 def _probe(mode: str, **extra_env: str) -> dict:
-    import json
-
     env = {k: v for k, v in os.environ.items() if k not in allocator.MALLOC_VARIABLES and k != "GLIBC_TUNABLES"}
     env.update(extra_env, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     out = subprocess.run([sys.executable, "-c", _PROBE, mode], env=env, capture_output=True, text=True, check=True)

@@ -12,9 +12,9 @@ kept (docs/scaling.md, "Freed memory"). :func:`keep_freed_memory` sets both thre
 
 so freed blocks below 1 GiB are reused. The live memory is the same, but the heap keeps what a peak
 freed, and fragments: peak RSS is a few tens of MiB higher. ``tl-geometry`` calls it at start (it
-owns its process); in a notebook, call it yourself. A user's choice wins: with a ``MALLOC_*_`` variable or
-``GLIBC_TUNABLES`` naming ``glibc.malloc`` in the environment, nothing is changed. Without glibc
-(macOS, Windows, musl) it does nothing.
+owns its process); in a notebook, call it yourself. A user's choice wins: with a ``MALLOC_*_``
+variable or ``GLIBC_TUNABLES`` naming ``glibc.malloc`` in the environment, nothing is changed.
+Without glibc (macOS, Windows, musl) it does nothing.
 
 Example::
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+from collections.abc import Mapping
 
 #: Blocks up to this size are served from the heap and kept when freed (glibc's ``mallopt`` takes an ``int``).
 KEEP_BYTES = 1 << 30
@@ -39,14 +40,19 @@ M_MMAP_THRESHOLD = -3
 MALLOC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 
 
-def user_tuned_malloc(environ: dict[str, str] | None = None) -> bool:
+def has_glibc() -> bool:
+    """Whether this process runs on Linux with glibc, whose ``malloc`` :func:`keep_freed_memory` tunes."""
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
+def user_tuned_malloc(environ: Mapping[str, str] | None = None) -> bool:
     """Whether the environment tunes glibc's ``malloc``: a :data:`MALLOC_VARIABLES` variable, or
     ``GLIBC_TUNABLES`` naming a ``glibc.malloc`` tunable.
 
     >>> user_tuned_malloc({}), user_tuned_malloc({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"})
     (False, True)
     """
-    environ = dict(os.environ) if environ is None else environ
+    environ = os.environ if environ is None else environ
     return any(environ.get(v) for v in MALLOC_VARIABLES) or "glibc.malloc." in environ.get("GLIBC_TUNABLES", "")
 
 
@@ -56,7 +62,7 @@ def keep_freed_memory() -> bool:
     False, and nothing changed, without glibc or where the user tuned ``malloc``
     (:func:`user_tuned_malloc`).
     """
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or user_tuned_malloc():
+    if not has_glibc() or user_tuned_malloc():
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
@@ -66,4 +72,4 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, KEEP_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
 
 
-__all__ = ["KEEP_BYTES", "MALLOC_VARIABLES", "keep_freed_memory", "user_tuned_malloc"]
+__all__ = ["KEEP_BYTES", "MALLOC_VARIABLES", "has_glibc", "keep_freed_memory", "user_tuned_malloc"]

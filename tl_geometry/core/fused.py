@@ -7,8 +7,9 @@ from the block's one product ``x = <v_i, s>`` (definitions §2), with a band of 
 vectorised passes along each row's keys per size (the bounds ``E -+ band``, their extremes as
 integer maxima of their bits, then the counts; contiguous, up to the row's last key; selection as
 selects: no branch), and returns the keys surely within each radius and the keys to measure in
-float64, in the order ``Tensor.nonzero`` gives them on ``[P, K, E, G]``. The arithmetic of ``E`` is that of the torch screen, operation by operation, in
-the screen's dtype (no fast-math: nothing reassociated or contracted).
+float64, in the order ``Tensor.nonzero`` gives them on ``[P, K, E, G]``. The arithmetic of ``E``
+is that of the torch screen, operation by operation, in the screen's dtype (no fast-math: nothing
+reassociated or contracted).
 
 Example: ``screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, given=False)`` for the
 ``[P, E, G, K]`` products ``x`` of a block.
