@@ -28,7 +28,7 @@ if AVAILABLE:  # whether numba imports is decided once, in fused.py; without it:
 SCREEN_SLACK = 4
 
 #: Largest product of bucket cosines formed at once on the CPU, in elements (1 MiB of float32):
-#: it stays in the core's cache while its maximum is taken (0.69 x the time of whole-bucket products).
+#: it stays in the core's cache while its maximum is taken (``benchmarks/bench_bounds.py``).
 PRODUCT_ELEMENTS = 1 << 18
 
 
