@@ -35,6 +35,34 @@ def test_busy_cpus_is_within_the_cpus():
     assert 0.0 <= busy <= len(cpus) + 1e-9
 
 
+class _Clock:
+    """A stand-in for the ``time`` module: ``sleep`` advances the wall clock, and this process's CPU
+    time by ``own`` CPUs' worth (its other threads at work meanwhile)."""
+
+    def __init__(self, own: float):
+        self.own, self.cpu, self.wall = own, 10.0, 100.0
+
+    def process_time(self) -> float:
+        return self.cpu
+
+    def monotonic(self) -> float:
+        return self.wall
+
+    def sleep(self, seconds: float) -> None:
+        self.wall += seconds
+        self.cpu += self.own * seconds
+
+
+@pytest.mark.parametrize(("own", "expected"), [(0.0, 1.5), (0.5, 1.0), (2.0, 0.0)])
+def test_busy_cpus_leaves_out_this_processs_own_threads(monkeypatch, own, expected):
+    """Two CPUs, 100 ticks each over the sample, 150 of them busy (1.5 CPUs); ``own`` CPUs of
+    that were this process's other threads: ``1.5 - own`` CPUs of other work, at least 0."""
+    readings = iter([(1000, 4000), (1150, 4200)])  # (busy, total) ticks before and after
+    monkeypatch.setattr(threads, "_cpu_times", lambda cpus: next(readings))
+    monkeypatch.setattr(threads, "time", _Clock(own))
+    assert threads.busy_cpus([0, 1], seconds=0.05) == pytest.approx(expected)
+
+
 def test_analysis_threads_follows_the_free_cpus_and_restores(monkeypatch, no_thread_variables):
     monkeypatch.setattr(threads, "busy_cpus", lambda cpus=None, seconds=0.0: float(len(cpus)))  # all taken
     outer = torch.get_num_threads()

@@ -8,8 +8,9 @@ a ``with`` block, to the CPUs free right now::
 
     free = round(len(os.sched_getaffinity(0)) - busy)       # at least 1
 
-where ``busy`` is the number of this process's CPUs that other work kept busy over the next 50 ms
-(``/proc/stat``; the 1-minute load average where that file does not exist). A user's choice wins:
+where ``busy`` is the number of this process's CPUs that other processes kept busy over the next 50 ms
+(``/proc/stat``, less this process's own CPU time, such as OpenMP threads still spinning after the
+last operation; the 1-minute load average where that file does not exist). A user's choice wins:
 with ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` set, or ``torch.set_num_threads`` called after
 ``import tl_geometry``, nothing is changed (a count set before the import cannot be told from
 torch's own default).
@@ -72,10 +73,12 @@ def _cpu_times(cpus: list[int]) -> tuple[int, int] | None:
 
 
 def busy_cpus(cpus: list[int] | None = None, seconds: float = SAMPLE_SECONDS) -> float:
-    """How many of ``cpus`` (default :func:`own_cpus`) were busy over the next ``seconds``.
+    """How many of ``cpus`` (default :func:`own_cpus`) other processes kept busy over the next ``seconds``.
 
-    Measured while this process waits, so it is the work of other processes. Without
-    ``/proc/stat`` (not Linux) the 1-minute load average, capped at the number of CPUs.
+    Measured while this thread sleeps: the CPUs' busy share (``/proc/stat``) less the CPU time
+    this process spent meanwhile (its other threads: OpenMP's workers spin for a while after an
+    operation before they sleep), at least 0. Without ``/proc/stat`` (not Linux) the 1-minute
+    load average, capped at the number of CPUs.
     """
     cpus = own_cpus() if cpus is None else cpus
     before = _cpu_times(cpus)
@@ -84,11 +87,14 @@ def busy_cpus(cpus: list[int] | None = None, seconds: float = SAMPLE_SECONDS) ->
             return min(float(os.getloadavg()[0]), float(len(cpus)))
         except OSError:  # no load average either (Windows)
             return 0.0
+    own_before, wall_before = time.process_time(), time.monotonic()
     time.sleep(seconds)
     after = _cpu_times(cpus)
+    own, wall = time.process_time() - own_before, time.monotonic() - wall_before
     if after is None or after[1] <= before[1]:
         return 0.0
-    return len(cpus) * (after[0] - before[0]) / (after[1] - before[1])
+    busy = len(cpus) * (after[0] - before[0]) / (after[1] - before[1])
+    return max(0.0, busy - own / wall) if wall > 0 else busy
 
 
 def free_threads(cpus: list[int] | None = None, busy: float | None = None) -> int:
