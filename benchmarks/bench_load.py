@@ -1,8 +1,8 @@
 """Steady under load: ``tl-geometry run``'s analysis / forward ratio on this machine as it is and with
 two busy processes started here, with the default threads and with one thread (issue 22).
 
-One process, as ``tl-geometry run`` starts (``OMP_WAIT_POLICY=PASSIVE`` before torch loads, freed
-memory kept: :mod:`tl_geometry.core.allocator`), the model loaded once and one short analysis run
+One process, as ``tl-geometry run`` starts (freed memory kept: :mod:`tl_geometry.core.allocator`;
+OpenMP's wait policy is the environment's), the model loaded once and one short analysis run
 untimed (imports, numba's kernels); then four analyses of the command line's default job
 (``CLI_PRESET``) over the same windows: as is / with ``--busy`` busy Python processes, each with
 torch's default threads (the package chooses) and with ``torch.set_num_threads(1)``. The targets:
@@ -16,18 +16,16 @@ beside each run say how busy it was.
 Run:  .venv/bin/python benchmarks/bench_load.py                     (2 x 512 tokens)
       .venv/bin/python benchmarks/bench_load.py --n-seqs 1 --seq-len 256 --device cuda
       PYTHONPATH=../before .venv/bin/python benchmarks/bench_load.py   (another checkout: a before/after)
+      OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_load.py   (sleeping idle OpenMP threads)
 """
 
 from __future__ import annotations
 
+import argparse
+import multiprocessing
 import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the command line does, before torch loads
-
-import argparse  # noqa: E402
-import multiprocessing  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
+import sys
+import time
 
 
 def spin() -> None:  # pragma: no cover - runs in a child process until terminated

@@ -15,27 +15,9 @@ Sub-packages load on first use: ``tlg.plot``, ``tlg.report``, ``tlg.diagnostics`
 ``tlg.core``, ``tlg.capture``, ``tlg.pipeline``, ``tlg.io``, ``tlg.testing``.
 """
 
-import os as _os
-import sys as _sys
 from importlib import import_module
 from importlib import metadata as _metadata
-from pathlib import Path as _Path
 from typing import TYPE_CHECKING, Any
-
-
-def _started_as_command_line() -> bool:
-    """Whether this process is ``tl-geometry`` or ``python -m tl_geometry`` (torchrun's workers too)."""
-    argv = list(getattr(_sys, "orig_argv", _sys.argv))
-    return _Path(_sys.argv[0]).name == "tl-geometry" or any(
-        a == "-m" and b == "tl_geometry" for a, b in zip(argv, argv[1:])
-    )
-
-
-# OpenMP reads its wait policy once, when torch loads it: the command line asks for sleeping (not
-# spinning) idle threads, which on a busy machine leave the cores to the threads that have work.
-# A library import leaves the user's process alone; a variable the user set wins.
-if "torch" not in _sys.modules and _started_as_command_line():
-    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from tl_geometry import moved
 
