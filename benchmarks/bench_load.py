@@ -17,6 +17,7 @@ Run:  .venv/bin/python benchmarks/bench_load.py                     (2 x 512 tok
       .venv/bin/python benchmarks/bench_load.py --n-seqs 1 --seq-len 256 --device cuda
       PYTHONPATH=../before .venv/bin/python benchmarks/bench_load.py   (another checkout: a before/after)
       OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_load.py   (sleeping idle OpenMP threads)
+      .venv/bin/python benchmarks/bench_load.py --busy 1 --busy-fraction 0.5   (half a core taken)
 """
 
 from __future__ import annotations
@@ -28,9 +29,15 @@ import sys
 import time
 
 
-def spin() -> None:  # pragma: no cover - runs in a child process until terminated
+def spin(fraction: float = 1.0) -> None:  # pragma: no cover - runs in a child process until terminated
+    """Keep one CPU busy: always, or ``fraction`` of every 10 ms (then sleep the rest)."""
     while True:
-        pass
+        if fraction >= 1.0:
+            continue
+        end = time.perf_counter() + 0.01 * fraction
+        while time.perf_counter() < end:
+            pass
+        time.sleep(0.01 * (1.0 - fraction))
 
 
 def run_job(model, tokens, settings, device: str, one_thread: bool) -> dict[str, float]:
@@ -77,6 +84,9 @@ def main() -> int:
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, ... (the busy loops use the CPU)")
     parser.add_argument("--busy", type=int, default=2, help="busy Python processes started for the loaded runs")
+    parser.add_argument(
+        "--busy-fraction", type=float, default=1.0, help="the share of each 10 ms that a busy process works (default 1)"
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -108,7 +118,7 @@ def main() -> int:
     # spawned, not forked: a fork shares this process's pages copy-on-write, and its next forward pass
     # would pay a page copy for each page it writes (other jobs on a machine are not forks of this one)
     spawn = multiprocessing.get_context("spawn")
-    loops = [spawn.Process(target=spin, daemon=True) for _ in range(args.busy)]
+    loops = [spawn.Process(target=spin, args=(args.busy_fraction,), daemon=True) for _ in range(args.busy)]
     for p in loops:
         p.start()
     time.sleep(1.0)

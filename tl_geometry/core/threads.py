@@ -6,9 +6,10 @@ running: on 2 cores at a load of 4 the analysis ran 23 x slower than on one thre
 "On a busy machine"). :func:`analysis_threads` sets torch's intra-op threads, for the duration of
 a ``with`` block, to the CPUs free right now::
 
-    free = round(len(os.sched_getaffinity(0)) - busy)       # at least 1
+    free = floor(len(os.sched_getaffinity(0)) - busy + 0.25)   # at least 1
 
-where ``busy`` is the number of this process's CPUs that other processes kept busy over the next 50 ms
+(a CPU counts while other work takes less than a quarter of it), where ``busy`` is the number of
+this process's CPUs that other processes kept busy over the next 50 ms
 (``/proc/stat``, less this process's own CPU time, such as OpenMP threads still spinning after the
 last operation; the 1-minute load average where that file does not exist). A user's choice wins:
 with ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` set, or ``torch.set_num_threads`` called after
@@ -23,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from contextlib import contextmanager
@@ -35,6 +37,9 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 #: torch's intra-op thread count when this module was imported: the count a user has not changed.
 TORCH_DEFAULT_THREADS = torch.get_num_threads()
+
+#: The share of a CPU that other work may take while it still counts as free (:func:`free_threads`).
+FREE_SLACK = 0.25
 
 #: How long :func:`busy_cpus` watches the CPUs.
 SAMPLE_SECONDS = 0.05
@@ -98,15 +103,19 @@ def busy_cpus(cpus: list[int] | None = None, seconds: float = SAMPLE_SECONDS) ->
 
 
 def free_threads(cpus: list[int] | None = None, busy: float | None = None) -> int:
-    """The intra-op thread count for the CPUs free now: ``round(len(cpus) - busy)``, at least 1.
+    """The intra-op thread count for the CPUs free now: ``floor(len(cpus) - busy + FREE_SLACK)``, at least 1.
 
-    >>> free_threads(cpus=[0, 1], busy=0.2), free_threads(cpus=[0, 1], busy=0.9), free_threads(cpus=[0, 1], busy=4.0)
+    A CPU counts only if other work takes less than :data:`FREE_SLACK` of it: a thread on a CPU
+    shared with another process makes every parallel operation wait for it at OpenMP's barrier
+    (with half a CPU taken, two threads ran the analysis 1.3-1.45 x slower than one; docs/scaling.md).
+
+    >>> free_threads(cpus=[0, 1], busy=0.2), free_threads(cpus=[0, 1], busy=0.5), free_threads(cpus=[0, 1], busy=4.0)
     (2, 1, 1)
     """
     cpus = own_cpus() if cpus is None else cpus
     busy = busy_cpus(cpus) if busy is None else busy
     busy = min(max(busy, 0.0), float(len(cpus)))  # a load average may exceed the CPUs
-    return max(1, round(len(cpus) - busy))
+    return max(1, math.floor(len(cpus) - busy + FREE_SLACK))
 
 
 def user_chose_threads() -> bool:
@@ -140,6 +149,7 @@ def analysis_threads(device: torch.device | str = "cpu") -> Iterator[int]:
 
 
 __all__ = [
+    "FREE_SLACK",
     "REUSE_SECONDS",
     "SAMPLE_SECONDS",
     "THREAD_VARIABLES",
