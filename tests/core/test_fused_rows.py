@@ -130,6 +130,41 @@ def test_extremes_in_selection_order_equal_the_loops(n_batch, n_keys, dtype, cos
     assert got[1].tolist() == expected[1].tolist()
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 2), st.integers(1, 3), st.integers(1, 23), st.sampled_from([np.float32, np.float64]),
+       st.booleans(), st.integers(0, 2**32 - 1))  # fmt: skip
+def test_extremes_by_rank_equal_the_extremes_in_selection_order(n_rows, n_draws, n_keys, dtype, cosine, seed):
+    """The random control's layout (keys in key order, each key's selection position in ``rank``,
+    a row's bands shared by its draws) gives the positions of the same cells gathered into
+    selection order, tie-prone bounds included."""
+    rng = np.random.default_rng(seed)
+    n_batch = n_rows * n_draws
+    values = [0.0, -0.0, 0.5, -0.5, 1.0, 3.0, np.inf, -np.inf, np.nan]
+    ns = np.sort(rng.choice(np.arange(1, n_keys + 1), size=min(n_keys, 5), replace=False))
+    upper = rng.choice(
+        values, size=(n_batch, ns.shape[0], n_keys), p=[0.15, 0.1, 0.15, 0.1, 0.15, 0.15, 0.08, 0.08, 0.04]
+    )
+    upper = upper.astype(dtype)
+    band_key = rng.choice([0.0, 0.25, 0.5], size=(n_rows, n_keys)).astype(dtype)
+    band_sq = rng.choice([0.0, 0.5], size=(n_rows, n_keys)).astype(dtype)
+    sigma = rng.choice([0.0, 1.0, 2.0], size=(n_batch, ns.shape[0])).astype(dtype)
+    rank = np.stack([rng.permutation(n_keys) for _ in range(n_batch)]).astype(np.int64)
+    order = np.argsort(rank, axis=-1)  # the key at each selection position
+    row = np.arange(n_batch) // n_draws
+    with np.errstate(invalid="ignore"):
+        got = fused_rows.extremes(upper, band_key, band_sq, sigma, ns, cosine=cosine, rank=rank)
+        expected = fused_rows.extremes(
+            np.ascontiguousarray(np.take_along_axis(upper, order[:, None, :], axis=-1)),
+            np.take_along_axis(band_key[row], order, axis=-1),
+            np.take_along_axis(band_sq[row], order, axis=-1),
+            sigma,
+            ns,
+            cosine=cosine,
+        )
+    assert got[0].tolist() == expected[0].tolist()
+    assert got[1].tolist() == expected[1].tolist()
+
+
 def test_unknown_kernel_is_refused():
     weights, values = random_rows("random", n_rows=1, k=4, d=2, seed=0)
     with pytest.raises(InputError, match="kernel must be one of"):

@@ -80,31 +80,37 @@ def _first_extreme(x, start, stop, largest):  # pragma: no cover - compiled
 def _extremes(upper, band_key, band_sq, sigma, ns, rank, consts, cosine, i_star, j_star):  # pragma: no cover
     n_batch, n_sizes, n_keys = upper.shape
     n_draws = n_batch // band_key.shape[0]
-    lower = np.empty(n_keys, dtype=upper.dtype)  # one cell's M
+    ranked = rank.shape[0] > 0  # keys in key order, each at its selection position rank[b, t]
+    lower = np.empty(n_keys, dtype=upper.dtype)  # one cell's M, in selection order
+    cell = np.empty(n_keys, dtype=upper.dtype)  # one cell's P gathered into selection order (ranked)
+    key_at = np.empty(n_keys, dtype=np.int64)  # the key at each selection position (ranked)
+    key_bands = np.empty((2, n_keys), dtype=band_key.dtype)  # the bands in selection order (ranked)
     for b in range(n_batch):
         row = b // n_draws
+        if ranked:
+            for t in range(n_keys):
+                key_at[rank[b, t]] = t
+            for position in range(n_keys):
+                key_bands[0, position] = band_key[row, key_at[position]]
+                key_bands[1, position] = band_sq[row, key_at[position]]
+            bands, bands_sq = key_bands[0], key_bands[1]
+        else:
+            bands, bands_sq = band_key[row], band_sq[row]
         for g in range(n_sizes):
             n = ns[g]
             neg_two_sigma = consts[0] * sigma[b, g]
-            if rank.shape[0] == 0:  # keys in selection order: I_N is the first N positions
-                if cosine:
-                    i_star[b, g] = _first_extreme(upper[b, g], 0, n, True)
-                else:
-                    for t in range(n):  # M of the in-keys, then its first largest
-                        lower[t] = _lower(upper[b, g, t], neg_two_sigma, band_key[row, t], band_sq[row, t], cosine)
-                    i_star[b, g] = _first_extreme(lower, 0, n, True)
-                j_star[b, g] = _first_extreme(upper[b, g], min(n, n_keys - 1), n_keys, False)
-            else:  # keys in key order, each at its selection position rank[b, t]
-                best_in, at_in, best_out, at_out = -consts[1], 0, consts[1], n_keys - 1
-                for t in range(n_keys):
-                    position = rank[b, t]
-                    if position < n:
-                        m = _lower(upper[b, g, t], neg_two_sigma, band_key[row, t], band_sq[row, t], cosine)
-                        if m > best_in or (m == best_in and position < at_in):
-                            best_in, at_in = m, position
-                    elif upper[b, g, t] < best_out or (upper[b, g, t] == best_out and position < at_out):
-                        best_out, at_out = upper[b, g, t], position
-                i_star[b, g], j_star[b, g] = at_in, at_out
+            x = upper[b, g]
+            if ranked:  # gathered, so that I_N is the first N positions here too
+                for position in range(n_keys):
+                    cell[position] = x[key_at[position]]
+                x = cell
+            if cosine:
+                i_star[b, g] = _first_extreme(x, 0, n, True)
+            else:
+                for t in range(n):  # M of the in-keys, then its first largest
+                    lower[t] = _lower(x[t], neg_two_sigma, bands[t], bands_sq[t], cosine)
+                i_star[b, g] = _first_extreme(lower, 0, n, True)
+            j_star[b, g] = _first_extreme(x, min(n, n_keys - 1), n_keys, False)
 
 
 def _counts(upper, band_key, band_sq, sigma, ns, thresholds, consts, cosine, k_out, k_in, unsure):  # pragma: no cover
