@@ -15,19 +15,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import torch
-
-
-def best_of(repeat: int, function, *args, **kwargs) -> float:
-    """The best wall time of ``repeat`` calls of ``function(*args, **kwargs)``."""
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        function(*args, **kwargs)
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def main() -> None:
@@ -37,6 +26,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
 
+    from bench_query_layer import best_of
     from captured_layers import smollm2_layers
     from roofline import cpu_line
 
@@ -54,7 +44,7 @@ def main() -> None:
         for rank_by in ("attention", "random"):
             for ns in ("log", "all"):
                 tlg.separability(weights[..., :8], vals[..., :8, :], ns, rank_by=rank_by)  # warm-up
-                seconds = best_of(args.repeat, tlg.separability, weights, vals, ns, rank_by=rank_by)
+                seconds, _ = best_of(args.repeat, tlg.separability, weights, vals, ns, rank_by=rank_by)
                 print(
                     f"layer {layer:2d}, {weights.shape[0] * weights.shape[1]} rows x {weights.shape[-1]} keys, "
                     f"{rank_by:9s} {ns:3s}: {seconds * 1e3:7.1f} ms  (load average {os.getloadavg()[0]:.2f})",
