@@ -8,7 +8,7 @@ a ``with`` block, to the CPUs free right now::
 
     free = floor(len(os.sched_getaffinity(0)) - busy + 0.25)   # at least 1
 
-(a CPU counts while other work takes less than a quarter of it), where ``busy`` is the number of
+(a CPU counts while other work takes at most a quarter of it), where ``busy`` is the number of
 this process's CPUs that other processes kept busy over the next 50 ms
 (``/proc/stat``, less this process's own CPU time, such as OpenMP threads still spinning after the
 last operation; the 1-minute load average where that file does not exist). A user's choice wins:
@@ -105,7 +105,7 @@ def busy_cpus(cpus: list[int] | None = None, seconds: float = SAMPLE_SECONDS) ->
 def free_threads(cpus: list[int] | None = None, busy: float | None = None) -> int:
     """The intra-op thread count for the CPUs free now: ``floor(len(cpus) - busy + FREE_SLACK)``, at least 1.
 
-    A CPU counts only if other work takes less than :data:`FREE_SLACK` of it: a thread on a CPU
+    A CPU counts only if other work takes at most :data:`FREE_SLACK` of it: a thread on a CPU
     shared with another process makes every parallel operation wait for it at OpenMP's barrier
     (with half a CPU taken, two threads ran the analysis 1.3-1.45 x slower than one; docs/scaling.md).
 
