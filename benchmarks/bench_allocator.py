@@ -15,13 +15,13 @@ Run:  for i in 1 2 3; do
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from bench_scale import forward_seconds
     from roofline import add_allocator_flag, allocator_line
 
     add_allocator_flag(parser)
@@ -41,12 +41,7 @@ def main() -> None:
     for tokens, settings in jobs.values():  # numba's kernels and the imports, untimed
         tlg.analyze(model, tokens[:, :64], progress=False, **settings)
     seconds = {name: tlg.analyze(model, t, progress=False, **s).timings["analysis_s"] for name, (t, s) in jobs.items()}
-    with torch.inference_mode():
-        forward = float("inf")
-        for _ in range(2):
-            start = time.perf_counter()
-            model(windows)
-            forward = min(forward, time.perf_counter() - start)
+    forward = forward_seconds(model, windows, batch_size=2)  # one batch, the best of two passes
     times = ", ".join(f"{name} {value:.2f} s" for name, value in seconds.items())
     print(f"{allocator}: analysis {times}; plain forward (2 x 1024) {forward:.2f} s", flush=True)
 

@@ -15,19 +15,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from functools import partial
 
 import torch
-
-
-def best_of(repeats: int, call) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def main() -> None:
@@ -35,6 +25,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, nargs="+", default=[3, 15])
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
+    from bench_query_layer import best_of
     from captured_layers import smollm2_layers
     from roofline import cpu_line
 
@@ -62,8 +53,8 @@ def main() -> None:
             for name, elements in settings.items():
                 boundary_cosines.PRODUCT_ELEMENTS = elements
                 results[name] = boundary_cosines.bucket_max_measured(units.float(), ns, sink, torch.float32)
-                products = best_of(args.repeats, cosines)
-                call = best_of(args.repeats, envelopes)
+                products, _ = best_of(args.repeats, cosines)
+                call, _ = best_of(args.repeats, envelopes)
                 seconds[name]["products"] = min(products, seconds[name].get("products", products))
                 seconds[name]["bounds"] = min(call, seconds[name].get("bounds", call))
         boundary_cosines.PRODUCT_ELEMENTS = settings["a few rows at a time"]
