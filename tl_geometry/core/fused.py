@@ -152,7 +152,9 @@ def _screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, one, given
     lo_bits, hi_bits = lo.view(np.int64), hi.view(np.int64)
     extremes = np.empty(4)
     extremes_bits = extremes.view(np.int64)
-    flagged = np.empty(n_keys, dtype=np.bool_)
+    # the flags, read eight at a time (as one uint64) by the last look: most words hold none
+    flagged = np.zeros(8 * ((n_keys + 7) // 8), dtype=np.bool_)
+    flag_words = flagged.view(np.uint64)
     for p in range(n_groups):
         for r in range(n_rows):
             last = q[r] + 1
@@ -169,24 +171,27 @@ def _screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, one, given
                 if n_cells.max() + last > cells.shape[1]:  # room for this row's cells
                     cells = _grow(cells)
                 c0, c1, c2, c3 = n_cells[0], n_cells[1], n_cells[2], n_cells[3]
-                for k in range(last):  # the few flagged keys: their cells
-                    if not flagged[k]:
+                for word in range((last + 7) // 8):  # the few flagged keys: their cells
+                    if flag_words[word] == 0:  # (flags past ``last`` may be stale: never read below)
                         continue
-                    flat = ((p * n_keys + k) * n_rows + r) * n_sizes + g
-                    if rank_r[k] < n:
-                        if hi[k] >= m_max:  # may be the farthest selected key
-                            cells[0, c0] = flat
-                            c0 += 1
-                        if hi[k] > m_min and lo[k] <= p_min:
-                            cells[3, c3] = flat
-                            c3 += 1
-                    else:
-                        if lo[k] <= p_min:  # may be the nearest unselected key
-                            cells[1, c1] = flat
-                            c1 += 1
-                        if hi[k] > m_max and lo[k] <= p_max:
-                            cells[2, c2] = flat
-                            c2 += 1
+                    for k in range(8 * word, min(8 * word + 8, last)):
+                        if not flagged[k]:
+                            continue
+                        flat = ((p * n_keys + k) * n_rows + r) * n_sizes + g
+                        if rank_r[k] < n:
+                            if hi[k] >= m_max:  # may be the farthest selected key
+                                cells[0, c0] = flat
+                                c0 += 1
+                            if hi[k] > m_min and lo[k] <= p_min:
+                                cells[3, c3] = flat
+                                c3 += 1
+                        else:
+                            if lo[k] <= p_min:  # may be the nearest unselected key
+                                cells[1, c1] = flat
+                                c1 += 1
+                            if hi[k] > m_max and lo[k] <= p_max:
+                                cells[2, c2] = flat
+                                c2 += 1
                 n_cells[0], n_cells[1], n_cells[2], n_cells[3] = c0, c1, c2, c3
     return n_cells, cells
 
