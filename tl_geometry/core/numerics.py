@@ -6,6 +6,7 @@ Example: ``times_pow2(x, e)`` is ``x * 2 ** e`` rounded once, beyond float64's r
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -57,7 +58,8 @@ def local_errors(z: Tensor, centers: Tensor, mass: Tensor, work: Tensor | None =
     z_norm = torch.linalg.vector_norm(z, dim=-1)
     difference = z - centers if work is None else torch.sub(z, centers, out=work)
     deletion = torch.linalg.vector_norm(difference, dim=-1) / z_norm
-    scaled = (torch.broadcast_shapes(centers.shape, mass[..., None].shape), torch.result_type(centers, mass))
+    # numpy's shape arithmetic: torch.broadcast_shapes builds tensors (about 0.3 ms a call)
+    scaled = (np.broadcast_shapes(centers.shape, mass[..., None].shape), torch.result_type(centers, mass))
     if scaled == (difference.shape, difference.dtype) and not any(x.requires_grad for x in (z, centers, mass)):
         # the same operations written over ``z - s``: one large temporary, not three (fresh pages cost)
         renormalised = torch.sub(z, torch.div(centers, mass[..., None], out=difference), out=difference)
