@@ -4,10 +4,12 @@ Prints, measured in this one process with the same number of torch threads (``--
 default 2) for the forward pass and the analysis, on windows of ``--seq-len`` tokens (default 512)
 of the embedded CPython documentation corpus, log grid of ``N``, attention ranking:
 
-1. every query position (``query_positions="all"``, the query engine) / forward, float64 (the
-   default), with the pure-torch screen (``kernel="torch"``, before) and the fused numba pass
-   (``kernel="numba"``, after), and float32 screening (float64 re-check) [target <= 3]; the floor:
-   the multiply-adds ``<v_i, s(N)>`` the definition needs at the measured float64 matmul throughput;
+1. every query position (``query_positions="all"``, the query engine) / forward, float64
+   decisions, with the pure-torch screen (``kernel="torch"``, before) and the fused numba pass
+   (``kernel="numba"``, after), both screening in float32 (the default), and the fused pass
+   screening in float64 (``query_engine.SCREEN_DTYPE`` set for that line) [target <= 3]; the
+   floor: the multiply-adds ``<v_i, s(N)>`` the definition needs at the measured float64 matmul
+   throughput;
 2. the old way, one query position at a time (``tl_geometry.core.separability`` per position), against
    the query engine on the same ``--stride``-spaced positions: the speed-up of the engine
    (``--no-old-way`` skips it);
@@ -27,6 +29,8 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -115,6 +119,17 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)  # after the import: a count the package takes as the user's
     from tl_geometry.capture import observers
+    from tl_geometry.core import query_engine
+
+    @contextmanager
+    def screen_dtype(screen: torch.dtype) -> Iterator[None]:
+        """The query engine's default screen set to ``screen`` meanwhile (``analyze`` takes none)."""
+        default = query_engine.SCREEN_DTYPE
+        query_engine.SCREEN_DTYPE = screen
+        try:
+            yield
+        finally:
+            query_engine.SCREEN_DTYPE = default
 
     model = tlg.load_model("smollm2-135m", device=args.device)
     tokens = tlg.corpus_tokens(model, tlg.corpus.python_docs(n_seqs=args.n_seqs, seq_len=args.seq_len))
@@ -125,19 +140,21 @@ def main() -> None:
     shape = f"{args.n_seqs} x {args.seq_len} tokens"
     print(f"forward {forward:.2f}s ({shape})", flush=True)
     seconds = {}
-    for kernel, dtype in (("torch", torch.float64), ("numba", torch.float64), ("numba", torch.float32)):
-        # untimed: numba compiles each kernel per dtype on its first call (after any edit of its module)
-        analysis_seconds(model, tokens[:, :32], kernel, query_positions="all", dtype=dtype)
-    for name, kernel, dtype in (
-        ("float64, torch screen (before)", "torch", torch.float64),
-        ("float64, fused numba pass (after)", "numba", torch.float64),
-        ("float32 screening, fused", "numba", torch.float32),
-    ):
-        seconds[name], rows = analysis_seconds(model, tokens, kernel, query_positions="all", dtype=dtype)
+    lines = (
+        ("torch screen (before)", "torch", query_engine.SCREEN_DTYPE),
+        ("fused numba pass (after)", "numba", query_engine.SCREEN_DTYPE),
+        ("fused numba pass, float64 screen", "numba", torch.float64),
+    )
+    for _, kernel, screen in lines:  # untimed: numba compiles each kernel per dtype on its first call
+        with screen_dtype(screen):
+            analysis_seconds(model, tokens[:, :32], kernel, query_positions="all")
+    for name, kernel, screen in lines:
+        with screen_dtype(screen):
+            seconds[name], rows = analysis_seconds(model, tokens, kernel, query_positions="all")
         print(f"every query position, log grid, {name}: analysis {seconds[name]:.2f}s / forward {forward:.2f}s = "
               f"{seconds[name] / forward:.2f} [target <= 3]  ({rows} rows, load {os.getloadavg()[0]:.1f})",
               flush=True)  # fmt: skip
-    before, after = seconds["float64, torch screen (before)"], seconds["float64, fused numba pass (after)"]
+    before, after = seconds["torch screen (before)"], seconds["fused numba pass (after)"]
     print(f"  fused / torch screen: {after / before:.2f}")
     rate = matmul_macs_per_second(torch.float64)
     info = tlg.describe_model(model)

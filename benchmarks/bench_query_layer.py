@@ -3,7 +3,7 @@
 Captures ``hook_pattern`` and ``hook_v`` of the chosen layers from one window of ``--seq-len``
 tokens (default 512) of the embedded CPython documentation corpus, then times
 ``separability_queries`` on every query position of each layer (all heads, log grid, attention
-ranking), with float64 and with float32 screening (float64 decisions), the best of ``--repeat``
+ranking), with a float64 and with a float32 screen (the default; float64 decisions), the best of ``--repeat``
 calls, on one torch thread; and checks that both dtypes give the same metrics bit for bit.
 Prints the load average beside each line (compare timings within one run).
 
@@ -49,9 +49,9 @@ def main() -> None:
         weights, values = pattern.double(), v.double()
         results = {}
         for dtype in (torch.float64, torch.float32):
-            separability_queries(weights[:, :, :8, :8], values[:, :8], queries[:8], kv_head_of, "log", dtype=dtype)
+            separability_queries(weights[:, :, :8, :8], values[:, :8], queries[:8], kv_head_of, "log", screen=dtype)
             seconds, results[dtype] = best_of(
-                args.repeat, separability_queries, weights, values, queries, kv_head_of, "log", dtype=dtype
+                args.repeat, separability_queries, weights, values, queries, kv_head_of, "log", screen=dtype
             )
             print(
                 f"layer {layer}, every query of {args.seq_len} tokens, {info.n_heads} heads, log grid, "

@@ -155,7 +155,7 @@ def main() -> None:
     ratio(model, "  same, --analysis-dtype float32", n, args.seq_len, 2, dtype=torch.float32, **main_job)
     ratio(model, "separability every N / forward [target <= 0.3]", n, args.seq_len, 2, ns="all", taxonomy=False)
     ratio(model, "  same, float32 screening", n, args.seq_len, 2, ns="all", taxonomy=False, dtype=torch.float32)
-    # float64, the default: faster than float32 screening here (benchmarks/bench_queries.py)
+    # the query engine screens in float32 and decides in float64 (bench_queries.py compares float64 screening)
     ratio(model, "every query position, 512 tokens, log / forward [target <= 3]", 1, 512, 1,
           ns="log", taxonomy=False, query_positions="all")  # fmt: skip
     if not args.quick:

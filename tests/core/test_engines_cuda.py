@@ -13,15 +13,15 @@ from tl_geometry.core.query_engine import separability_queries
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("screen", [torch.float64, torch.float32])
 @pytest.mark.parametrize("kind", ["softmax", "ties", "sink", "duplicates"])
 @pytest.mark.parametrize("rank_by", ["attention", "random"])
-def test_query_engine_on_cuda_equals_the_cpu(kind, dtype, rank_by):
+def test_query_engine_on_cuda_equals_the_cpu(kind, screen, rank_by):
     weights, values = layer_rows(kind, n_keys=24)
     positions = [0, 3, 11, 17, 23]
     weights = weights[:, :, positions]
     keys = keys_of(weights.shape[0], weights.shape[1], positions)
-    kw = dict(rank_by=rank_by, row_keys=keys, n_random=2, dtype=dtype)
+    kw = dict(rank_by=rank_by, row_keys=keys, n_random=2, screen=screen)
     cpu = separability_queries(weights, values, positions, kv_heads(4, 2), "log", **kw)
     gpu = separability_queries(
         weights.cuda(), values.cuda(), positions, kv_heads(4, 2).cuda(), "log", **{**kw, "row_keys": keys.cuda()}

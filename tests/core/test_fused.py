@@ -45,7 +45,7 @@ def layers(draw):
 @settings(max_examples=40, deadline=None)
 @given(layers(), st.sampled_from(["euclidean", "cosine"]), st.sampled_from([torch.float64, torch.float32]),
        st.sampled_from(["log", "all", [1, 3, 2]]))  # fmt: skip
-def test_fused_screen_equals_the_torch_screen(layer, distance, dtype, ns):
+def test_fused_screen_equals_the_torch_screen(layer, distance, screen, ns):
     weights, values = layer
     n_keys = weights.shape[-1]
     if isinstance(ns, list):
@@ -54,7 +54,7 @@ def test_fused_screen_equals_the_torch_screen(layer, distance, dtype, ns):
     else:
         positions = list(range(n_keys))
     weights = weights[:, :, positions]
-    kw = dict(distance=distance, dtype=dtype, block_cells=300)
+    kw = dict(distance=distance, screen=screen, block_cells=300)
     ref = separability_queries(weights, values, positions, kv_heads(4, 2), ns, kernel="torch", **kw)
     got = separability_queries(weights, values, positions, kv_heads(4, 2), ns, kernel="numba", **kw)
     assert_bit_identical(ref, got)

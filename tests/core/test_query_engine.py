@@ -19,7 +19,7 @@ from reference import row_metrics
 
 import tl_geometry as tlg
 from tl_geometry.capture import observers
-from tl_geometry.core.query_engine import separability_queries
+from tl_geometry.core.query_engine import SCREEN_DTYPE, separability_queries
 from tl_geometry.core.rankings import row_keys
 from tl_geometry.core.sizes import resolve_ns
 from tl_geometry.errors import InputError
@@ -113,12 +113,31 @@ def test_rankings_and_distances_equal_reference(rank_by: str, distance: str) -> 
     assert_matches_reference(weights[:, :, positions], values, positions, rank_by=rank_by, distance=distance)
 
 
-def test_float32_screening_counts_exactly() -> None:
-    """float32 screens, float64 decides: the counts and radii of the float64 computation."""
+@pytest.mark.parametrize("screen", [torch.float32, torch.float64])
+def test_either_screen_counts_exactly(screen: torch.dtype) -> None:
+    """float32 (the default) or float64 screens, float64 decides: the counts and radii of the
+    float64 computation."""
     weights, values = layer_rows("ties", 11, seed=9)
-    assert_matches_reference(weights, values, list(range(11)), dtype=torch.float32)
+    assert_matches_reference(weights, values, list(range(11)), screen=screen)
     weights, values = layer_rows("sink", 11, seed=10)
-    assert_matches_reference(weights, values, list(range(11)), dtype=torch.float32)
+    assert_matches_reference(weights, values, list(range(11)), screen=screen)
+
+
+def test_the_default_screen_is_float32_and_gives_float64s_numbers() -> None:
+    """No ``screen``: float32, as the per-row engine; every metric equals the float64 screen's, bit for bit."""
+    assert SCREEN_DTYPE == torch.float32  # the default the docs and the benchmarks name
+    weights, values = layer_rows("random", 24, seed=8)
+    positions = list(range(24))
+    default = separability_queries(weights, values, positions, kv_heads(4, 2), "log")
+    wide = separability_queries(weights, values, positions, kv_heads(4, 2), "log", screen=torch.float64)
+    for name in (*COUNTED, *MEASURED):
+        assert torch.equal(getattr(default, name).nan_to_num(-1.0), getattr(wide, name).nan_to_num(-1.0)), name
+
+
+def test_a_screen_of_another_dtype_is_refused() -> None:
+    weights, values = layer_rows("random", 4, seed=0)
+    with pytest.raises(InputError, match="screen must be"):
+        separability_queries(weights, values, [0, 1, 2, 3], kv_heads(4, 2), "log", screen=torch.bfloat16)
 
 
 def per_row(weights, values, positions, ns, **kw):
@@ -135,13 +154,15 @@ def per_row(weights, values, positions, ns, **kw):
 
 @pytest.mark.parametrize("rank_by", ["attention", "contribution", "sink_window", "random"])
 @pytest.mark.parametrize("distance", ["euclidean", "cosine"])
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_equals_the_per_row_engine(rank_by: str, distance: str, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("screen", [torch.float64, torch.float32])
+def test_equals_the_per_row_engine(rank_by: str, distance: str, screen: torch.dtype) -> None:
     weights, values = layer_rows("random", 30, seed=2)
     positions = list(range(30))
-    kw = dict(rank_by=rank_by, distance=distance, n_random=3, dtype=dtype)
+    kw = dict(rank_by=rank_by, distance=distance, n_random=3)
     keys = keys_of(2, 4, positions)
-    res = separability_queries(weights, values, positions, kv_heads(4, 2), "log", row_keys=keys, block_cells=4000, **kw)
+    res = separability_queries(
+        weights, values, positions, kv_heads(4, 2), "log", row_keys=keys, block_cells=4000, screen=screen, **kw
+    )
     for j, one in enumerate(per_row(weights, values, positions, "log", **kw)):
         width = one.ns.shape[0]
         assert res.ns[j, :width].tolist() == one.ns.tolist()
@@ -236,10 +257,10 @@ def layers(draw):
 
 @settings(max_examples=30, deadline=None)
 @given(layers(), st.sampled_from([torch.float64, torch.float32]))
-def test_property_any_layer_equals_reference(layer, dtype) -> None:
+def test_property_any_layer_equals_reference(layer, screen) -> None:
     kind, n_keys, n_kv, positions, seed, ns = layer
     weights, values = layer_rows(kind, n_keys, n_heads=2 * n_kv, n_kv=n_kv, d=3, seed=seed, batch=1)
-    assert_matches_reference(weights[:, :, positions], values, positions, ns=ns, dtype=dtype)
+    assert_matches_reference(weights[:, :, positions], values, positions, ns=ns, screen=screen)
 
 
 @pytest.fixture(scope="module")
@@ -326,12 +347,12 @@ def tiny_weight_layers(draw, distance: str):
     st.sampled_from([torch.float32, torch.float64]),
     st.sampled_from(["numba", "torch"]),
 )
-def test_property_tiny_weights_and_near_ties_equal_reference(layer, dtype, kernel) -> None:
+def test_property_tiny_weights_and_near_ties_equal_reference(layer, screen, kernel) -> None:
     """The band of each key scales with its own contribution: the counts stay exact where most keys
     carry almost nothing and their screening values sit within float32 rounding of each other."""
     distance, (weights, values) = layer
     positions = list(range(weights.shape[-1]))
-    assert_matches_reference(weights, values, positions, distance=distance, dtype=dtype, kernel=kernel)
+    assert_matches_reference(weights, values, positions, distance=distance, screen=screen, kernel=kernel)
 
 
 def test_sizes_in_any_order_equal_reference() -> None:

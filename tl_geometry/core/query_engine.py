@@ -62,6 +62,11 @@ from tl_geometry.errors import InputError
 #: one thread): 1 M 2.25 s, 2 M 1.60 s, 4 M 1.02 s, 8 M 1.07 s, 16 M 1.19 s; see docs/scaling.md.
 DEFAULT_BLOCK_CELLS = 1 << 22
 
+#: The screen's dtype when none is given: float32, as the per-row engine's
+#: (:data:`tl_geometry.core.screening.SCREEN_DTYPE`). Every decision is float64 whatever it is; on
+#: SmolLM2-135M's rows float32 screens every query position 0.70-0.88 x float64's time (docs/scaling.md).
+SCREEN_DTYPE = torch.float32
+
 #: A row whose values' scale lies more than ``2**MAX_SCALE_GAP`` below its block's (values of very
 #: different magnitudes in one window) is not screened: every key of it is decided by direct
 #: float64 distances (exact, only slower).
@@ -109,6 +114,7 @@ def separability_queries(
     dtype: torch.dtype = torch.float64,
     block_cells: int = DEFAULT_BLOCK_CELLS,
     kernel: str | None = None,
+    screen: torch.dtype | None = None,
 ) -> QueryRows:
     """Separability of every head and query row of one layer, all query positions at once.
 
@@ -127,7 +133,8 @@ def separability_queries(
         ``q`` of each query row, ``0 <= q < key``.
     kv_head_of : [head] int64
         The key/value head of each query head (definitions §1).
-    ns, rank_by, distance, n_random, seed, dtype : as for :func:`tl_geometry.core.separability`.
+    ns, rank_by, distance, n_random, seed, dtype : as for :func:`tl_geometry.core.separability`
+        (every count and radius is that of float64 distances, whatever ``dtype``).
     row_keys : [batch, head, query] int64, optional
         Keys of the rows for ``rank_by="random"`` (:func:`tl_geometry.core.rankings.row_keys`).
     block_cells : int
@@ -136,6 +143,10 @@ def separability_queries(
         How the screen runs on the CPU: one compiled pass over the keys (``"numba"``, the default
         where numba imports) or tensor operations (``"torch"``, the reference; always on a GPU).
         Both give the same counts and bit-identical radii.
+    screen : {torch.float32, torch.float64}, optional
+        The dtype of the screen's product and bounds: :data:`SCREEN_DTYPE` (float32) by default, as
+        the per-row engine screens; float64 only to compare. The keys the screen cannot call are
+        decided in float64 either way, so every metric is the same, bit for bit.
 
     Returns
     -------
@@ -159,6 +170,9 @@ def separability_queries(
     if row_keys is not None and tuple(row_keys.shape) != (n_batch, n_heads, n_queries):
         raise InputError(f"row_keys must have shape {(n_batch, n_heads, n_queries)}, one key per row")
     kernel = fused.check_kernel(kernel)
+    screen = SCREEN_DTYPE if screen is None else screen
+    if screen not in (torch.float32, torch.float64):
+        raise InputError(f"screen must be torch.float32 or torch.float64, got {screen}")
     if weights.device.type != "cpu":
         kernel = "torch"  # the compiled pass is a CPU kernel
     with _block_threads(weights.device) as workers:  # see _solve_all
@@ -173,7 +187,7 @@ def separability_queries(
             n_random,
             seed,
             row_keys,
-            dtype,
+            screen,
             block_cells,
             workers,
             kernel,
@@ -191,7 +205,7 @@ def _compute(
     n_random: int,
     seed: int,
     row_keys: Tensor | None,
-    dtype: torch.dtype,
+    screen: torch.dtype,
     block_cells: int,
     workers: int,
     kernel: str,
@@ -221,7 +235,7 @@ def _compute(
         n_draws,
         seed,
         row_keys,
-        dtype,
+        screen,
         kernel,
         _value_exponents(values),
     )
@@ -373,7 +387,7 @@ class _Problem:
     n_draws: int
     seed: int
     row_keys: Tensor | None
-    dtype: torch.dtype
+    screen: torch.dtype  # the screen's dtype (every decision is float64)
     kernel: str
     value_exps: Tensor  # [b, L, g] int32: the exponent of max |v| over keys 0..k (rows ending at k)
 
@@ -549,7 +563,7 @@ class _Screen:
         centers: Tensor,
     ) -> "_Screen":
         p = rows.problem
-        dtype = p.dtype
+        dtype = p.screen
         n_groups, n_rows, n_sizes, dim = centers.shape
         n_keys = rank.shape[-1]
         # the rows' values are v * 2^-value_exp; the product runs on the block's values
@@ -719,4 +733,4 @@ def _count(mask: Tensor) -> Tensor:
     return mask.view(torch.uint8).sum(dim=1, dtype=torch.int32).to(torch.int64)
 
 
-__all__ = ["DEFAULT_BLOCK_CELLS", "QueryRows", "separability_queries"]
+__all__ = ["DEFAULT_BLOCK_CELLS", "SCREEN_DTYPE", "QueryRows", "separability_queries"]

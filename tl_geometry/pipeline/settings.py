@@ -225,8 +225,9 @@ class AnalysisSettings:
             check_dtype,
             str,
             type='torch.float64, torch.float32 or their names "float64", "float32"',
-            doc="Precision of the separability computation. The model itself may run in any dtype; "
-            "float32 screens separability in float32 and re-decides near ties in float64 (identical counts).",
+            doc="Precision of the envelopes and the taxonomy's features (the model itself may run in any dtype). "
+            "Separability's counts and radii are those of float64 distances whatever it is: both of its "
+            "engines screen in float32 and decide near ties in float64.",
             cli=CliForm(flag="--analysis-dtype", choices=("float64", "float32")),
         ),
     )
