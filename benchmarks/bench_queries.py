@@ -8,8 +8,8 @@ of the embedded CPython documentation corpus, log grid of ``N``, attention ranki
    decisions, with the pure-torch screen (``kernel="torch"``, before) and the fused numba pass
    (``kernel="numba"``, after), both screening in float32 (the default), and the fused pass
    screening in float64 (``query_engine.SCREEN_DTYPE`` set for that line) [target <= 3]; the
-   floor: the multiply-adds ``<v_i, s(N)>`` the definition needs at the measured float64 matmul
-   throughput;
+   floors: the multiply-adds ``<v_i, s(N)>`` the definition needs at the measured float64 and
+   float32 matmul throughputs;
 2. the old way, one query position at a time (``tl_geometry.core.separability`` per position), against
    the query engine on the same ``--stride``-spaced positions: the speed-up of the engine
    (``--no-old-way`` skips it);
@@ -160,7 +160,10 @@ def main() -> None:
     info = tlg.describe_model(model)
     macs = args.n_seqs * every_query_macs(args.seq_len, info.n_heads * info.n_layers, info.d_head)
     print(floor_line("every query position (float64)", macs, rate, forward))
-    print(f"  the fused pass is {after / (macs / rate):.1f} x its floor", flush=True)
+    rate32 = matmul_macs_per_second(query_engine.SCREEN_DTYPE)  # the default screen's product
+    print(floor_line("every query position (float32 screen)", macs, rate32, forward))
+    print(f"  the fused pass is {after / (macs / rate32):.1f} x its float32 floor, "
+          f"{after / (macs / rate):.1f} x the float64 one", flush=True)  # fmt: skip
     last_query_lines(model, args.last_query_len, rate)
     if args.no_old_way:
         print(f"load average at the end {os.getloadavg()[0]:.1f}")
