@@ -288,8 +288,9 @@ def test_analyze_all_queries_equals_one_position_at_a_time(per_row_and_blocks) -
     pd.testing.assert_frame_equal(blocks, rows, rtol=1e-12, atol=1e-15)
 
 
-def test_observer_rows_in_the_per_position_order() -> None:
-    """Taken straight from the observer (no sorting by analyze): per query, per ranking, seq, head, N."""
+def test_observer_rows_in_key_order_whichever_engine() -> None:
+    """Taken straight from the observer (no sorting by analyze), both engines: the same rows in the
+    results' key order, per sequence, head and query position the rankings in turn, then ``N``."""
     from tl_geometry.capture.hooks import LayerBatch
     from tl_geometry.models import ModelInfo
 
@@ -306,7 +307,14 @@ def test_observer_rows_in_the_per_position_order() -> None:
         finally:
             observers.MIN_QUERIES_FOR_BLOCKS = before
     pd.testing.assert_frame_equal(tables[0], tables[1], rtol=1e-12, atol=1e-15)
-    assert tables[0].rank_by.tolist()[:2] == ["random", "random"]
+    rank = {"random": 0, "attention": 1}
+    keys = [
+        (seq, head, q, rank[r], n)
+        for seq, head, q, r, n in tables[0][["seq", "head", "query_pos", "rank_by", "n"]].itertuples(index=False)
+    ]
+    assert keys == sorted(keys) and len(set(keys)) == len(keys)
+    # sequence 4, head 0: query 0 has one N per ranking, query 1 two
+    assert tables[0].rank_by.tolist()[:6] == ["random", "attention", "random", "random", "attention", "attention"]
 
 
 @st.composite

@@ -239,13 +239,15 @@ class SeparabilityObserver(RowMetricsObserver):
 
         Many query positions (at least :data:`MIN_QUERIES_FOR_BLOCKS`) are computed together by
         :func:`tl_geometry.core.query_engine.separability_queries`; the rows are the same, in the same
-        order (per query position: per ranking, sequence, head and ``N``).
+        order: the key order of the results (per sequence, head and query position: per ranking and
+        ``N``), so that the final sort of millions of rows finds them in order.
         """
         if len(batch.query_positions) >= MIN_QUERIES_FOR_BLOCKS:
             self._observe_queries(batch)
             return
         values = values_per_head(batch.values, self.kv_head_of)  # [b, h, L, d]
         heads = torch.arange(values.shape[1], device=batch.seq_ids.device)
+        tables = []
         for qi, q in enumerate(batch.query_positions):
             weights, row_values = batch.weights[:, :, qi, : q + 1], values[:, :, : q + 1]
             keys = row_keys(seq=batch.seq_ids[:, None], layer=batch.layer, head=heads[None, :], query_pos=q)
@@ -264,7 +266,8 @@ class SeparabilityObserver(RowMetricsObserver):
                     kernel=None if self.kernel == "auto" else self.kernel,
                 )
                 metrics = {name: getattr(res, name) for name in [*SEPARABILITY_METRICS, *LOCAL_ERROR_METRICS]}
-                self.chunks.append(self._finish(head_rows_table(batch, q, res.ns, self.kv_head_of, metrics), res))
+                tables.append(self._finish(head_rows_table(batch, q, res.ns, self.kv_head_of, metrics), res))
+        self.chunks.append(_in_key_order(tables))
 
     def _observe_queries(self, batch: LayerBatch) -> None:
         """Every query position of ``batch`` at once (:func:`~tl_geometry.core.query_engine.separability_queries`)."""
@@ -297,10 +300,7 @@ class SeparabilityObserver(RowMetricsObserver):
                 batch.seq_ids, batch.layer, batch.query_positions, res.ns, res.valid, self.kv_head_of, metrics
             )
             tables.append(self._finish(table, res))
-        table = pd.concat(tables, ignore_index=True)
-        if len(tables) > 1:  # per query position, the rankings in turn (as one position at a time)
-            table = table.iloc[np.argsort(table["query_pos"].to_numpy(), kind="stable")].reset_index(drop=True)
-        self.chunks.append(table)
+        self.chunks.append(_in_key_order(tables))
 
     def _finish(self, table: pd.DataFrame, res: Any) -> pd.DataFrame:
         """Add the ranking, distance and draw columns of ``res`` to a table of metrics."""
@@ -308,6 +308,17 @@ class SeparabilityObserver(RowMetricsObserver):
         table["distance"] = self.distance
         table["n_draws"] = res.n_draws
         return table
+
+
+def _in_key_order(tables: list[pd.DataFrame]) -> pd.DataFrame:
+    """The tables of one layer (each in sequence, head, query, ``N`` order; one per ranking, or per
+    query position and ranking) as one, per sequence, head and query position the rankings in
+    turn: the key order of the results."""
+    table = pd.concat(tables, ignore_index=True)
+    if len(tables) > 1:
+        by = [table[name].to_numpy() for name in ("query_pos", "head", "seq")]  # lexsort: last key first, stable
+        table = table.iloc[np.lexsort(by)].reset_index(drop=True)
+    return table
 
 
 __all__ = [

@@ -84,9 +84,10 @@ def query_rows_table(
 ) -> pd.DataFrame:
     """Long table of ``[batch, head, query, n]`` metrics of one layer, each query with its own grid.
 
-    The rows are those :func:`head_rows_table` gives for each query position in turn (ordered by
-    query, then sequence, head and ``n``); ``ns`` and ``valid`` (``[query, n]``) say which sizes
-    each query has (:class:`tl_geometry.core.query_engine.QueryRows`).
+    The rows of :func:`head_rows_table` for every query position, ordered by sequence, head, query
+    and ``n`` (the metrics' own layout, and the key order of the results: their final sort finds
+    them in order); ``ns`` and ``valid`` (``[query, n]``) say which sizes each query has
+    (:class:`tl_geometry.core.query_engine.QueryRows`).
 
     Examples
     --------
@@ -95,14 +96,14 @@ def query_rows_table(
     >>> ns, valid = torch.tensor([[1, 0], [1, 2]]), torch.tensor([[True, False], [True, True]])
     >>> t = query_rows_table(torch.tensor([7]), 3, [0, 1], ns, valid, torch.tensor([0, 0]), m)
     >>> t[["head", "query_pos", "n"]].values.tolist()
-    [[0, 0, 1], [1, 0, 1], [0, 1, 1], [0, 1, 2], [1, 1, 1], [1, 1, 2]]
+    [[0, 0, 1], [0, 1, 1], [0, 1, 2], [1, 0, 1], [1, 1, 1], [1, 1, 2]]
     >>> t.recall.tolist()
-    [0.0, 4.0, 2.0, 3.0, 6.0, 7.0]
+    [0.0, 2.0, 3.0, 4.0, 6.0, 7.0]
     """
     first = next(iter(metrics.values()))
     b, h, q, n = first.shape
-    shape = (q, b, h, n)
-    keep = valid.cpu().numpy()[:, None, None, :].repeat(b, 1).repeat(h, 2).reshape(-1)
+    shape = (b, h, q, n)
+    keep = np.broadcast_to(valid.cpu().numpy()[None, None], shape).reshape(-1)
 
     def column(x: np.ndarray, axis: int) -> np.ndarray:
         index: list[slice | None] = [None] * 4
@@ -110,15 +111,15 @@ def query_rows_table(
         return np.broadcast_to(x[tuple(index)], shape).reshape(-1)[keep]
 
     cols: dict[str, np.ndarray] = {
-        "seq": column(seq_ids.cpu().numpy().astype(np.int64), 1),
+        "seq": column(seq_ids.cpu().numpy().astype(np.int64), 0),
         "layer": np.full(int(keep.sum()), layer, dtype=np.int64),
-        "head": column(np.arange(h, dtype=np.int64), 2),
-        "kv_head": column(kv_head_of.cpu().numpy().astype(np.int64), 2),
-        "query_pos": column(np.asarray(list(query_positions), dtype=np.int64), 0),
-        "n": np.broadcast_to(ns.cpu().numpy().astype(np.int64)[:, None, None, :], shape).reshape(-1)[keep],
+        "head": column(np.arange(h, dtype=np.int64), 1),
+        "kv_head": column(kv_head_of.cpu().numpy().astype(np.int64), 1),
+        "query_pos": column(np.asarray(list(query_positions), dtype=np.int64), 2),
+        "n": np.broadcast_to(ns.cpu().numpy().astype(np.int64)[None, None], shape).reshape(-1)[keep],
     }
     for name, values in metrics.items():
-        cols[name] = values.permute(2, 0, 1, 3).reshape(-1).cpu().numpy()[keep]
+        cols[name] = values.reshape(-1).cpu().numpy()[keep]
     return pd.DataFrame(cols)
 
 

@@ -25,6 +25,7 @@ from tl_geometry.capture.observers import Observer, RowObserver, SeparabilityObs
 from tl_geometry.capture.tables import KEY_COLUMNS, REFERENCE_RANKING, empty_table
 from tl_geometry.core.threads import analysis_threads
 from tl_geometry.diagnostics import DiagnosticsObserver
+from tl_geometry.io.row_order import in_key_order
 from tl_geometry.io.rows_on_disk import RowsOnDisk
 from tl_geometry.io.store import RunStore
 from tl_geometry.pipeline.plan import AnalysisPlan
@@ -192,10 +193,7 @@ def assemble(plan: AnalysisPlan, wiring: Wiring, table: pd.DataFrame | RowsOnDis
     start = time.perf_counter()
     rows = table
     if isinstance(table, pd.DataFrame):
-        order = {name: i for i, name in enumerate(plan.settings.rank_by)}
-        rows = table.sort_values(
-            ROW_ORDER, key=lambda c: c.map(order) if c.name == "rank_by" else c, kind="stable"
-        ).reset_index(drop=True)
+        rows = in_key_order(table, ROW_ORDER, plan.settings.rank_by)
     extra = wiring.diagnostics.tables().as_dict() if wiring.diagnostics is not None else {}
     if wiring.taxonomy is not None:
         extra["regime_features"] = wiring.taxonomy.features()
