@@ -7,7 +7,10 @@ ranking), with a float64 and with a float32 screen (the default; float64 decisio
 calls, on one torch thread; and checks that both dtypes give the same metrics bit for bit.
 Prints the load average beside each line (compare timings within one run).
 
+``--rank-by``, ``--distance`` and ``--query-stride K`` (every K-th query) time other settings.
+
 Run:  OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_query_layer.py --layers 3 15
+      OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_query_layer.py --rank-by random --query-stride 8
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, nargs="+", default=[3, 15])
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--rank-by", default="attention", help="attention (default), contribution, random, ...")
+    parser.add_argument("--distance", default="euclidean", help="euclidean (default) or cosine")
+    parser.add_argument("--query-stride", type=int, default=1, help="every K-th query position (default: every one)")
     args = parser.parse_args()
 
     from captured_layers import smollm2_layers
@@ -43,22 +49,25 @@ def main() -> None:
 
     info, captured = smollm2_layers(args.layers, args.seq_len)
     print(cpu_line())
-    queries = list(range(args.seq_len))
+    queries = list(range(args.query_stride - 1, args.seq_len, args.query_stride))
     kv_head_of = info.kv_head_of()
+    how = dict(rank_by=args.rank_by, distance=args.distance)
+    every = "every query" if args.query_stride == 1 else f"every {args.query_stride}th query"
     for layer, (pattern, v) in captured.items():
-        weights, values = pattern.double(), v.double()
+        weights, values = pattern[:, :, queries].double(), v.double()
         results = {}
         for dtype in (torch.float64, torch.float32):
-            separability_queries(weights[:, :, :8, :8], values[:, :8], queries[:8], kv_head_of, "log", screen=dtype)
+            warm = separability_queries(weights[:, :, :1], values, queries[:1], kv_head_of, "log", screen=dtype, **how)
             seconds, results[dtype] = best_of(
-                args.repeat, separability_queries, weights, values, queries, kv_head_of, "log", screen=dtype
+                args.repeat, separability_queries, weights, values, queries, kv_head_of, "log", screen=dtype, **how
             )
             print(
-                f"layer {layer}, every query of {args.seq_len} tokens, {info.n_heads} heads, log grid, "
-                f"{str(dtype).removeprefix('torch.')} screening: {seconds:.3f}s  "
+                f"layer {layer}, {every} of {args.seq_len} tokens, {info.n_heads} heads, log grid, "
+                f"{args.rank_by}, {args.distance}, {str(dtype).removeprefix('torch.')} screen: {seconds:.3f}s  "
                 f"(load average {os.getloadavg()[0]:.2f})",
                 flush=True,
             )
+            del warm
         same = all(
             torch.equal(
                 getattr(results[torch.float64], name).nan_to_num(-1.0),

@@ -64,7 +64,7 @@ DEFAULT_BLOCK_CELLS = 1 << 22
 
 #: The screen's dtype when none is given: float32, as the per-row engine's
 #: (:data:`tl_geometry.core.screening.SCREEN_DTYPE`). Every decision is float64 whatever it is; on
-#: SmolLM2-135M's rows float32 screens every query position 0.70-0.88 x float64's time (docs/scaling.md).
+#: SmolLM2-135M's rows float32 screens every query position 0.68-0.90 x float64's time (docs/scaling.md).
 SCREEN_DTYPE = torch.float32
 
 #: A row whose values' scale lies more than ``2**MAX_SCALE_GAP`` below its block's (values of very
