@@ -116,11 +116,14 @@ class RowMetricsObserver:
         return {"kind": type(self).__name__, "n_heads": self.info.n_heads, "n_kv_heads": self.info.n_kv_heads, "ns": ns}
 
     def observe(self, batch: LayerBatch) -> None:
-        """Add the rows of one layer of one forward pass."""
+        """Add the rows of one layer of one forward pass, in the key order of the results (per
+        sequence and head, the query positions in turn, then ``N``)."""
         values = values_per_head(batch.values, self.kv_head_of)  # [b, h, L, d]
+        tables = []
         for qi, q in enumerate(batch.query_positions):
             ns, metrics = self.metrics(batch.weights[:, :, qi, : q + 1], values[:, :, : q + 1])
-            self.chunks.append(head_rows_table(batch, q, ns, self.kv_head_of, metrics))
+            tables.append(head_rows_table(batch, q, ns, self.kv_head_of, metrics))
+        self.chunks.append(_in_key_order(tables))
 
     def take(self) -> pd.DataFrame:
         """The rows gathered since the last call, as one DataFrame (and forget them)."""
