@@ -266,7 +266,7 @@ def extremes(
     """
     if _compiled_extremes is None:  # pragma: no cover
         raise RuntimeError("the fused decisions need numba: pip install numba, or use kernel='torch'")
-    consts = np.array([-2.0, np.inf], dtype=upper.dtype)
+    consts = np.array([-2.0], dtype=upper.dtype)
     rank = np.empty((0, 0), dtype=np.int64) if rank is None else rank
     i_star = np.empty(sigma.shape, dtype=np.int64)
     j_star = np.empty(sigma.shape, dtype=np.int64)

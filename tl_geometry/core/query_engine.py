@@ -54,6 +54,7 @@ from tl_geometry.core.rankings import (
     selection_order,
     uniform_scores,
 )
+from tl_geometry.core.screening import SCREEN_DTYPE  # the screen's dtype when none is given: one for both engines
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
 from tl_geometry.errors import InputError
 
@@ -61,11 +62,6 @@ from tl_geometry.errors import InputError
 #: block). Measured on one SmolLM2-135M layer (512 tokens, every query, 9 heads, log grid, float64,
 #: one thread): 1 M 2.25 s, 2 M 1.60 s, 4 M 1.02 s, 8 M 1.07 s, 16 M 1.19 s; see docs/scaling.md.
 DEFAULT_BLOCK_CELLS = 1 << 22
-
-#: The screen's dtype when none is given: float32, as the per-row engine's
-#: (:data:`tl_geometry.core.screening.SCREEN_DTYPE`). Every decision is float64 whatever it is; on
-#: SmolLM2-135M's rows float32 screens every query position 0.68-0.90 x float64's time (docs/scaling.md).
-SCREEN_DTYPE = torch.float32
 
 #: A row whose values' scale lies more than ``2**MAX_SCALE_GAP`` below its block's (values of very
 #: different magnitudes in one window) is not screened: every key of it is decided by direct
