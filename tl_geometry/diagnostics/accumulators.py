@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+from tl_geometry.core.checks import all_finite
 from tl_geometry.core.moments import Moments
 from tl_geometry.errors import InputError
 
@@ -38,7 +39,7 @@ def unit(x: Tensor) -> Tensor:
 
 def check_finite(x: Tensor, what: str) -> None:
     """Raise :class:`InputError` when ``x`` holds NaN or inf (a diagnostic of it would be NaN)."""
-    if not bool(torch.isfinite(x.detach()).all()):
+    if not all_finite(x):
         raise InputError(
             f"{what} contain NaN or inf: check the model's dtype (fp16 overflow) or the tensor you passed; "
             "the diagnostics are undefined for non-finite inputs"
