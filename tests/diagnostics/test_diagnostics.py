@@ -316,14 +316,15 @@ def test_profile_fit_never_raises(n_keys, entries):
         assert not s.fit_ok
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "torch"])
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(2, 80), d=st.integers(1, 6), k_frac=st.floats(0.0, 1.0), seed=st.integers(0, 2**31))
-def test_lag_cosine_moments_match_the_diagonals(n, d, k_frac, seed):
+def test_lag_cosine_moments_match_the_diagonals(compiled, n, d, k_frac, seed):
     from tl_geometry.diagnostics.lag_cosines import lag_cosine_moments
 
     k_max = 1 + int(k_frac * (n - 2))
     u = torch.randn(2, n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    moments, neg = lag_cosine_moments(u, k_max)
+    moments, neg = lag_cosine_moments(u, k_max, compiled=compiled)
     for r in range(2):
         g = (u[r] @ u[r].T).numpy()
         for k in range(1, k_max + 1):
@@ -332,6 +333,20 @@ def test_lag_cosine_moments_match_the_diagonals(n, d, k_frac, seed):
             assert moments.mean[r, k - 1].item() == pytest.approx(diag.mean(), rel=1e-12, abs=1e-12)
             assert moments.m2[r, k - 1].item() == pytest.approx(((diag - diag.mean()) ** 2).sum(), rel=1e-12, abs=1e-12)
             assert neg[r, k - 1].item() == (diag < 0).sum()
+
+
+@pytest.mark.parametrize(("n", "k_max"), [(1023, 64), (300, 64), (100, 99), (64, 40)])
+def test_lag_cosine_moments_compiled_agree_with_torch(n, k_max):
+    """Many blocks, one block (the Gram matrix) and a partial last block: the compiled moments are
+    the torch ones to rounding, the counts and negatives exactly."""
+    from tl_geometry.diagnostics.lag_cosines import lag_cosine_moments
+
+    u = torch.nn.functional.normalize(torch.randn(3, n, 16, generator=torch.Generator().manual_seed(n)), dim=-1)
+    u = u.double()
+    (fast, fast_neg), (slow, slow_neg) = (lag_cosine_moments(u, k_max, compiled=c) for c in (True, False))
+    assert torch.equal(fast.count, slow.count) and torch.equal(fast_neg, slow_neg)
+    torch.testing.assert_close(fast.mean, slow.mean, rtol=0, atol=1e-13)
+    torch.testing.assert_close(fast.m2, slow.m2, rtol=1e-12, atol=1e-12)
 
 
 def test_profile_fit_of_every_head_in_one_call_equals_each_head_alone():
