@@ -410,8 +410,9 @@ def max_p_over_outside(c: Tensor, ns: Tensor, sigma: Tensor, *, compiled: bool |
     the maximum is at one of the two outside values bracketing ``c_i + XI_STAR sigma``: one sort
     of the outside values per ``N`` and a binary search per inside key.
 
-    ``compiled``: the searches in one numba pass (None: where numba imports and ``c`` is on the
-    CPU) or with ``torch.searchsorted``; the results are the same, bit for bit.
+    ``compiled``: the searches and the arithmetic around them in two numba passes, with torch's
+    ``exp`` between them (None: where numba imports and ``c`` is on the CPU), or
+    ``torch.searchsorted`` and tensor operations; the results are the same, bit for bit.
     """
     if compiled is None:
         compiled = AVAILABLE and c.device.type == "cpu"
@@ -420,19 +421,17 @@ def max_p_over_outside(c: Tensor, ns: Tensor, sigma: Tensor, *, compiled: bool |
     n_rows, n_sizes, n_keys = c.shape
     outside_sorted = sorted_outside(c, ns)  # [G, r, K]
     sizes = [(g, int(n)) for g, n in enumerate(ns.tolist()) if 1 < n < n_keys]
-    size_of = torch.cat(
-        [torch.full((n,), g, dtype=torch.int64) for g, n in sizes] or [torch.zeros(0, dtype=torch.int64)]
-    )
-    rank_of = torch.cat([torch.arange(n) for _, n in sizes] or [torch.zeros(0, dtype=torch.int64)])
-    size_of, rank_of = size_of.to(c.device), rank_of.to(c.device)
-    c_in = c[:, size_of, rank_of]  # [r, L]
+    counts = np.array([n for _, n in sizes], dtype=np.int64)
+    size_of_np = np.repeat(np.array([g for g, _ in sizes], dtype=np.int64), counts)
+    if compiled:
+        return _max_p_compiled(c, outside_sorted, ns, sigma, size_of_np, counts), torch.from_numpy(size_of_np)
+    size_of = torch.from_numpy(size_of_np).to(c.device)
+    rank_of = torch.from_numpy(np.arange(size_of_np.shape[0]) - np.repeat(np.cumsum(counts) - counts, counts))
+    c_in = c[:, size_of, rank_of.to(c.device)]  # [r, L]
     sig = sigma[:, size_of]
     target = c_in + XI_STAR * sig
     n_out = (n_keys - ns)[size_of]  # [L]
-    if compiled:
-        hi, hi_ok, lo, lo_ok, below = _bracket_compiled(outside_sorted, n_out, size_of, c_in, target)
-    else:
-        hi, hi_ok, lo, lo_ok, below = _bracket_torch(outside_sorted, n_out, sizes, size_of, c_in, target)
+    hi, hi_ok, lo, lo_ok, below = _bracket_torch(outside_sorted, n_out, sizes, size_of, c_in, target)
     p_hi = torch.where(hi_ok, p_of_xi(_xi(torch.where(hi_ok, hi - c_in, 0.0), sig)), 0.0)
     p_lo = torch.where(lo_ok, p_of_xi(_xi(torch.where(lo_ok, lo - c_in, 0.0), sig)), 0.0)
     return torch.where(below, 0.5, torch.maximum(p_hi, p_lo)), size_of
@@ -446,8 +445,8 @@ def _bracket_torch(
     ``outside_sorted [G, r, K]`` (each size's outside values sorted, +inf after them), ``n_out``,
     ``size_of [L]``, ``c_in`` and ``target [r, L]``. Returns ``hi`` (the first outside value
     ``>= target``; ``hi_ok`` where there is one), ``lo`` (the one before it; ``lo_ok`` where there is
-    one and it is above ``c_in``) and ``below``, each ``[r, L]``. The reference of
-    :func:`_bracket_compiled`."""
+    one and it is above ``c_in``) and ``below``, each ``[r, L]``. The reference of the compiled
+    search (:func:`_max_p_compiled`)."""
     n_rows, n_keys = outside_sorted.shape[1], outside_sorted.shape[2]
     idx = torch.empty(c_in.shape, dtype=torch.int64, device=c_in.device)
     start = 0
@@ -466,58 +465,114 @@ def _bracket_torch(
     return hi, hi_ok, lo, lo_ok, below
 
 
-def _bracket_compiled(
-    outside_sorted: Tensor, n_out: Tensor, size_of: Tensor, c_in: Tensor, target: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """:func:`_bracket_torch` in one compiled pass (the same binary search as ``torch.searchsorted``)."""
-    shape = c_in.shape
-    hi, lo = np.empty(shape, dtype=c_in.numpy().dtype), np.empty(shape, dtype=c_in.numpy().dtype)
-    hi_ok, lo_ok, below = (np.empty(shape, dtype=np.bool_) for _ in range(3))
-    _bracket_kernel(
+def _max_p_compiled(
+    c: Tensor, outside_sorted: Tensor, ns: Tensor, sigma: Tensor, size_of: np.ndarray, counts: np.ndarray
+) -> Tensor:
+    """The compiled path of :func:`max_p_over_outside`: the searches and ``xi`` (one pass), torch's
+    ``exp`` of ``-xi^2 / 2`` for the upper and the lower neighbours (each a ``[r, L]`` array, as the
+    torch path lays them out), then ``p`` and the maxima (one pass)."""
+    n_rows = c.shape[0]
+    shape = (2, n_rows, size_of.shape[0])  # [neighbour above, below the target; r; L]
+    safe, exponent = np.empty(shape), np.empty(shape)
+    case = np.empty(shape, dtype=np.int8)
+    below = np.empty(shape[1:], dtype=np.bool_)
+    _xi_kernel(
+        c.detach().contiguous().numpy(),
         outside_sorted.detach().numpy(),
-        n_out.numpy(),
-        size_of.numpy(),
-        c_in.detach().contiguous().numpy(),
-        target.detach().contiguous().numpy(),
-        hi,
-        hi_ok,
-        lo,
-        lo_ok,
+        ns.numpy(),
+        sigma.detach().contiguous().numpy(),
+        size_of,
+        counts,
+        safe,
+        exponent,
+        case,
         below,
     )
-    return (
-        torch.from_numpy(hi),
-        torch.from_numpy(hi_ok),
-        torch.from_numpy(lo),
-        torch.from_numpy(lo_ok),
-        torch.from_numpy(below),
-    )
+    decay = np.stack([torch.exp(torch.from_numpy(exponent[h])).numpy() for h in range(2)])
+    out = np.empty(shape[1:])
+    _p_kernel(safe, decay, case, below, out)
+    return torch.from_numpy(out)
 
 
-def _bracket(outside_sorted, n_out, size_of, c_in, target, hi, hi_ok, lo, lo_ok, below):  # pragma: no cover
-    """Per inside key ``key`` of row ``r``: torch.searchsorted's lower bound of ``target`` in its size's row."""
+#: The cases of one neighbour in the compiled path: ``p`` from ``xi > 0``, 1/2 (``xi < 0``), 0.
+_P_OF_XI, _HALF, _ZERO = 0, 1, 2
+
+
+def _xi_pass(c, outside_sorted, ns, sigma, size_of, counts, safe, exponent, case, below):  # pragma: no cover
+    """Per row and inside key: :func:`_bracket_torch`'s search (torch.searchsorted's lower bound), then
+    for each neighbour ``xi`` as :func:`_xi`, and the argument ``-0.5 xi^2`` of :func:`p_of_xi`'s
+    ``exp`` in the same operations (``safe`` is ``xi`` where ``xi > 0``, else 1)."""
     n_keys = outside_sorted.shape[2]
-    for r in range(c_in.shape[0]):
-        for key in range(c_in.shape[1]):
-            row = outside_sorted[size_of[key], r]
-            value = target[r, key]
-            start, end = 0, n_keys
-            while start < end:
-                mid = start + ((end - start) >> 1)
-                if not (row[mid] >= value):
-                    start = mid + 1
+    for r in range(c.shape[0]):
+        key = 0
+        for s in range(counts.shape[0]):
+            g = size_of[key]
+            n = n_keys - ns[g]
+            row = outside_sorted[g, r]
+            sig = sigma[r, g]
+            for rank in range(counts[s]):
+                c_in = c[r, g, rank]
+                value = c_in + XI_STAR * sig
+                start, end = 0, n_keys
+                while start < end:
+                    mid = start + ((end - start) >> 1)
+                    if not (row[mid] >= value):
+                        start = mid + 1
+                    else:
+                        end = mid
+                below[r, key] = row[0] < c_in
+                for h in range(2):
+                    if h == 0:
+                        neighbour, ok = row[min(start, n - 1)], start < n
+                    else:
+                        neighbour = row[max(start - 1, 0)]
+                        ok = start >= 1 and neighbour > c_in
+                    diff = neighbour - c_in if ok else 0.0
+                    if sig > 0:
+                        xi = diff / sig
+                    elif diff > 0:
+                        xi = np.inf
+                    elif diff < 0:
+                        xi = -np.inf
+                    else:
+                        xi = 0.0
+                    if xi != xi:
+                        xi = 0.0
+                    x = xi if xi > 0 else 1.0
+                    safe[h, r, key] = x
+                    exponent[h, r, key] = -0.5 * (x * x)
+                    if not ok:
+                        case[h, r, key] = _ZERO
+                    elif xi > 0:
+                        case[h, r, key] = _P_OF_XI
+                    elif xi < 0:
+                        case[h, r, key] = _HALF
+                    else:
+                        case[h, r, key] = _ZERO
+                key += 1
+
+
+def _p_pass(safe, decay, case, below, out):  # pragma: no cover - compiled
+    """``p`` of each neighbour (:func:`p_of_xi`, from the ``exp`` it was given), the larger of the two
+    (``xi`` is never NaN, so neither is ``p``), 1/2 where ``below``."""
+    for r in range(out.shape[0]):
+        for key in range(out.shape[1]):
+            best = 0.0
+            for h in range(2):
+                if case[h, r, key] == _P_OF_XI:
+                    x = safe[h, r, key]
+                    p = 0.0 if np.isinf(x) else _INV_SQRT_2PI * decay[h, r, key] / (x + 1.0 / x)
+                elif case[h, r, key] == _HALF:
+                    p = 0.5
                 else:
-                    end = mid
-            n = n_out[key]
-            hi[r, key] = row[min(start, n - 1)]
-            hi_ok[r, key] = start < n
-            lo[r, key] = row[max(start - 1, 0)]
-            lo_ok[r, key] = start >= 1 and lo[r, key] > c_in[r, key]
-            below[r, key] = row[0] < c_in[r, key]
+                    p = 0.0
+                best = max(best, p)
+            out[r, key] = 0.5 if below[r, key] else best
 
 
 if AVAILABLE:
-    _bracket_kernel = numba.njit(cache=True, nogil=True)(_bracket)
+    _xi_kernel = numba.njit(cache=True, nogil=True)(_xi_pass)
+    _p_kernel = numba.njit(cache=True, nogil=True)(_p_pass)
 
 
 def sorted_outside(c: Float[Tensor, "r g k"], ns: Int[Tensor, " g"]) -> Float[Tensor, "g r k"]:
