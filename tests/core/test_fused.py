@@ -248,3 +248,31 @@ def test_cell_coordinates_unravel_the_flat_cells(n_groups, n_keys, n_rows, n_siz
 def test_cell_coordinates_compiled_needs_the_cpu():
     with pytest.raises(InputError, match="compiled=True needs numba and a CPU tensor"):
         fused.cell_coordinates(torch.zeros(3, dtype=torch.int64, device="meta"), 2, 2, 2, compiled=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n_rows=st.integers(1, 4),
+    n_keys=st.integers(1, 30),
+    dim=st.integers(1, 5),
+    sizes=st.lists(st.integers(0, 10**6), min_size=1, max_size=6),
+    by_order=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+def test_grid_sums_equal_a_loop_and_cumsum(n_rows, n_keys, dim, sizes, by_order, seed):
+    """The running sums at each size (unordered, repeated) against a loop in selection order, and
+    the compiled pass against torch.cumsum of the sorted contributions, bit for bit."""
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.randn(n_rows, n_keys, dim, generator=gen, dtype=torch.float64)
+    factor = torch.rand(n_rows, n_keys, generator=gen, dtype=torch.float64)
+    order = torch.argsort(torch.rand(n_rows, n_keys, generator=gen), dim=-1) if by_order else None
+    ns = torch.tensor([1 + s % n_keys for s in sizes])
+    got = fused.grid_sums(values, factor, ns, order)
+    assert torch.equal(got, fused.grid_sums(values, factor, ns, order, compiled=False))
+    for r in range(n_rows):
+        for g, n in enumerate(ns.tolist()):
+            total = torch.zeros(dim, dtype=torch.float64)
+            for t in range(n):
+                key = t if order is None else int(order[r, t])
+                total = total + values[r, key] * factor[r, t]
+            assert torch.equal(got[r, g], total)

@@ -278,7 +278,7 @@ def test_compiled_search_equals_torch_searchsorted(seed):
 
 @pytest.mark.parametrize("ns", ["log", None])
 def test_compiled_passes_equal_the_torch_reference(monkeypatch, ns):
-    # bounds with the numba passes (units, screen bookkeeping, searches) against the same bounds
+    # bounds with the numba passes (units, screen bookkeeping, running sums, searches) against the same bounds
     # with numba hidden from both modules (the torch reference): equal bit for bit
     g = torch.Generator().manual_seed(5)
     weights = torch.softmax(3 * torch.randn(4, 60, generator=g, dtype=torch.float64), dim=-1)
@@ -287,7 +287,7 @@ def test_compiled_passes_equal_the_torch_reference(monkeypatch, ns):
     values[2, 8] = values[2, 1]
     values[3] = values[3, :1] + 1e-7 * values[3]  # near-ties of the cosines
     got = bounds(weights, values, ns)
-    for name in ("tl_geometry.theory.bounds", "tl_geometry.theory.boundary_cosines"):
+    for name in ("tl_geometry.theory.bounds", "tl_geometry.theory.boundary_cosines", "tl_geometry.core.fused"):
         monkeypatch.setattr(importlib.import_module(name), "AVAILABLE", False)
     expected = bounds(weights, values, ns)
     for name in ("precision_lower", "precision_upper", "recall_lower", "recall_upper", "delta0", "scale"):

@@ -360,6 +360,43 @@ def prefix_sums(v: Tensor, order: Tensor, factor: Tensor, at: Tensor, last: Tens
     return centers, z
 
 
+def grid_sums(
+    values: Tensor, factor: Tensor, ns: Tensor, order: Tensor | None = None, *, compiled: bool | None = None
+) -> Tensor:
+    """``s[r, g] = sum_{t < ns[g]} factor[r, t] * values[r, order[r, t]]`` for every row, summed in ``t`` order.
+
+    The centres ``s(N)`` of a grid of sizes for rows whose own values are ``values [R, K, d]``
+    (``order [R, K]``: each row's selection order; None: ``values`` are in selection order
+    already) and ``factor [R, K]`` the weight of each row's ``t``-th selected key; ``ns [G]`` in
+    any order. ``compiled`` (None: where numba imports and the tensors are on the CPU):
+    :func:`prefix_sums` with one row per group, ``K d`` additions per row and no ``[R, K, d]``
+    copy; else ``torch.cumsum`` of the sorted contributions, the same numbers in float64.
+
+    >>> import torch
+    >>> v, f = torch.randn(2, 5, 3, dtype=torch.float64), torch.rand(2, 5, dtype=torch.float64)
+    >>> s = grid_sums(v, f, torch.tensor([4, 1]))
+    >>> torch.equal(s, grid_sums(v, f, torch.tensor([4, 1]), compiled=False))
+    True
+    >>> torch.allclose(s[:, 0], (f[:, :4, None] * v[:, :4]).sum(1)) and torch.equal(s[:, 1], v[:, 0] * f[:, :1])
+    True
+    """
+    if compiled is None:
+        compiled = AVAILABLE and values.device.type == "cpu"
+    elif compiled and (not AVAILABLE or values.device.type != "cpu"):
+        raise InputError("compiled=True needs numba and CPU tensors; use compiled=False (torch.cumsum)")
+    n_rows, n_keys, dim = values.shape
+    if not compiled:
+        ordered = values if order is None else torch.gather(values, 1, order[..., None].expand(-1, -1, dim))
+        return torch.cumsum(ordered * factor.to(values.dtype)[..., None], dim=1)[:, ns - 1]
+    if order is None:
+        order = torch.arange(n_keys).expand(n_rows, n_keys)
+    grid, back = torch.unique(ns, sorted=True, return_inverse=True)
+    centers, _ = prefix_sums(
+        values, order[:, None], factor.to(values.dtype)[:, None], (grid - 1)[None, :], torch.tensor([n_keys - 1])
+    )
+    return centers[:, 0, back]
+
+
 def differences(v: Tensor, scale: Tensor, w: Tensor, centers: Tensor, cells: tuple[Tensor, ...]) -> Tensor:
     """The vectors ``y_i - s`` of some cells, in one pass (no gathered ``[c, d]`` intermediates).
 
@@ -442,6 +479,7 @@ __all__ = [
     "cell_coordinates",
     "check_kernel",
     "differences",
+    "grid_sums",
     "prefix_sums",
     "screen_counts",
 ]

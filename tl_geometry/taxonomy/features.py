@@ -19,6 +19,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_geometry.core.checks import check_row_inputs, typechecked
+from tl_geometry.core.fused import grid_sums
 from tl_geometry.core.layouts import causal_rows
 from tl_geometry.core.rankings import selection_order
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
@@ -153,19 +154,20 @@ def row_features(
     order = selection_order(weights)
     rank = torch.arange(n_keys, device=weights.device).expand_as(order)
     rank_of_key = torch.empty_like(order).scatter_(-1, order, rank)  # position of key i in the order
-    # s(N) = sum_{i in I_N} alpha_i v_i: one [G, K] x [K, d] product per row, no sorted copy of the values
-    weight_in = torch.where(rank_of_key[:, None, :] < ns[None, :, None], weights[:, None, :], 0.0)  # [R, G, K]
-    centers = torch.matmul(weight_in, values)  # s(N), [R, G, d]
+    # s(N) = sum_{i in I_N} alpha_i v_i, no sorted copy of the values
+    centers = grid_sums(values, torch.gather(weights, -1, order), ns, order)  # [R, G, d]
     sink_in = rank_of_key[:, :1] < ns[None, :]  # [R, G]
     last_in = rank_of_key[:, -1:] < ns[None, :]
-    y = weights[..., None] * values  # [R, K, d] in key order
-    y_sink, y_last = y[:, 0], y[:, -1]
+    y_sink, y_last = weights[:, :1] * values[:, 0], weights[:, -1:] * values[:, -1]  # [R, d]
     v_sink, v_last = values[:, :1], values[:, -1:]  # [R, 1, d], broadcast against [R, G, d]
+    rest_end = max(n_keys - 1, 1)  # the keys between the sink and the last one: 1..K-2
     nan = torch.tensor(torch.nan, dtype=values.dtype, device=values.device)
     scalars = {
         "c_sink": torch.linalg.vector_norm(y_sink, dim=-1),
         "c_last": torch.linalg.vector_norm(y_last, dim=-1),
-        "c_rest": torch.linalg.vector_norm(y[:, 1 : max(n_keys - 1, 1)].sum(dim=1), dim=-1),
+        "c_rest": torch.linalg.vector_norm(torch.matmul(weights[:, None, 1:rest_end], values[:, 1:rest_end]), dim=-1)[
+            :, 0
+        ],
     }
     curves = {
         "cos_s_v0": cosine(centers, v_sink),

@@ -26,7 +26,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.core.checks import check_row_inputs, typechecked
-from tl_geometry.core.fused import AVAILABLE
+from tl_geometry.core.fused import AVAILABLE, grid_sums
 from tl_geometry.core.layouts import causal_rows
 from tl_geometry.core.rankings import selection_order
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
@@ -268,17 +268,16 @@ class _RowBlock:
         self.a_in_min = torch.cummin(torch.where(sink, torch.inf, a), dim=-1).values[:, last]
         self.a_in_max = torch.cummax(torch.where(sink, -torch.inf, a), dim=-1).values[:, last]
         self.a_out_max = _pad_last(_suffix_max(a, dim=-1), 0.0)[:, grid]  # empty outside (N = K): 0
-        inside = torch.arange(n_keys, device=grid.device)[None, :] < grid[:, None]  # [G, K]
         if model is None:
             units = sorted_units(values, order, norms) if fused else v / torch.where(norms > 0, norms, 1.0)[..., None]
             self.rho_out = rho_out_measured(units, grid, self.sink_rank, values.dtype)
             # M_j(N) = sum_{l in I'} a_l <u_l, u_j> = <u_j, S(N)>, S(N) = sum_{l in I'} a_l u_l
-            weight_in = torch.where(inside[None], a_ns[:, None, :], 0.0)  # [r, G, K]
-            prefix = torch.matmul(weight_in, units)  # [r, G, d]
+            prefix = grid_sums(units, a_ns, grid)  # S(N) [r, G, d]: running sums along the ranks
             self.m = torch.matmul(prefix, units.transpose(1, 2))  # [r, G, K]
         else:
             rho = model.cosines(order, order, dtype=values.dtype)  # [r, K, K], symmetric
             self.rho_out = rho_out_from_buckets(bucket_max_matrix(rho, grid, self.sink_rank), grid)
+            inside = torch.arange(n_keys, device=grid.device)[None, :] < grid[:, None]  # [G, K]
             weight_in = torch.where(inside[None], a_ns[:, None, :], 0.0)  # [r, G, K]
             self.m = einops.einsum(weight_in, rho, "r g l, r l k -> r g k")
 
