@@ -34,9 +34,9 @@ tensor([[0.6000, 0.4000]])
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
-import einops
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
@@ -193,8 +193,30 @@ def tl_rows(
 
 
 def values_per_head(hook_v: Float[Tensor, "batch key kv_head d"], kv_head_of: Tensor) -> Tensor:
-    """``hook_v`` seen by every query head: ``[batch, head, key, d]``."""
-    return einops.rearrange(hook_v.index_select(2, kv_head_of.to(hook_v.device)), "b k h d -> b h k d")
+    """``hook_v`` seen by every query head: ``[batch, head, key, d]``, contiguous (one gather), so
+    that the rows of a head are one block of memory for what follows.
+
+    >>> import torch
+    >>> v = torch.randn(2, 5, 3, 4)
+    >>> per_head = values_per_head(v, torch.tensor([0, 0, 1, 2]))
+    >>> per_head.shape, per_head.is_contiguous(), torch.equal(per_head[:, 1], v[:, :, 0])
+    (torch.Size([2, 4, 5, 4]), True, True)
+    """
+    return hook_v.transpose(1, 2).index_select(1, kv_head_of.to(hook_v.device))
+
+
+def pack_rows(x: Tensor, trailing: int) -> tuple[Tensor, list[tuple[int, ...] | list[int]]]:
+    """``einops.pack([x], "* ...")`` keeping the last ``trailing`` dimensions: the rows ``[R, ...]`` and
+    the batch shapes for ``einops.unpack``, as a view where ``x``'s layout allows (einops copies).
+
+    >>> import torch
+    >>> x = torch.randn(2, 3, 5)
+    >>> rows, packing = pack_rows(x, 1)
+    >>> rows.shape, rows.data_ptr() == x.data_ptr(), packing
+    (torch.Size([6, 5]), True, [(2, 3)])
+    """
+    batch, kept = x.shape[: x.ndim - trailing], x.shape[x.ndim - trailing :]
+    return x.reshape(math.prod(batch), *kept), [tuple(batch)]
 
 
 __all__ = [
@@ -202,6 +224,7 @@ __all__ = [
     "Layout",
     "causal_rows",
     "check_layout",
+    "pack_rows",
     "values_per_head",
     "resolve_query_positions",
     "tl_kv_head_of",

@@ -34,7 +34,7 @@ from torch import Tensor
 from tl_geometry.core.budget import check_memory
 from tl_geometry.core.checks import check_row_inputs, typechecked
 from tl_geometry.core.fused import check_kernel
-from tl_geometry.core.layouts import Layout, causal_rows, check_layout, tl_rows, values_per_head
+from tl_geometry.core.layouts import Layout, causal_rows, check_layout, pack_rows, tl_rows, values_per_head
 from tl_geometry.core.metrics import METRICS, SeparabilityMetrics
 from tl_geometry.core.numerics import local_errors, pow2, times_pow2
 from tl_geometry.core.query_engine import QueryRows, separability_queries
@@ -325,8 +325,8 @@ def separability_of_rows(
         f"the selection orders and metrics of {n_rows} rows x {n_draws} draws x {n_keys} keys",
         "lower n_random, or pass fewer rows per call" if n_draws > 1 else "pass fewer rows per call",
     )
-    w, packing = einops.pack([weights], "* k")
-    v, _ = einops.pack([values], "* k d")
+    w, packing = pack_rows(weights, 1)
+    v, _ = pack_rows(values, 2)
     keys = None if row_keys is None else row_keys.reshape(-1).to(device=weights.device, dtype=torch.int64)
     rows = _ScaledRows.of(w, v)
     order = _orders(rows, rank_by, n_draws, seed, keys)  # [R, draws, K]
@@ -529,8 +529,8 @@ def radius_rows(
         raise InputError("radii must be numbers >= 0 (a ball's radius is a distance), got a negative or NaN radius")
     n_keys = weights.shape[-1]
     ns_t = resolve_ns(ns, n_keys, device=weights.device)
-    w, packing = einops.pack([weights.to(dtype)], "* k")
-    v, _ = einops.pack([values.to(dtype)], "* k d")
+    w, packing = pack_rows(weights.to(dtype), 1)
+    v, _ = pack_rows(values.to(dtype), 2)
     n_rows, n_sizes = w.shape[0], ns_t.shape[0]
     check_memory(
         n_rows * n_sizes * radii.shape[-1] * (8 + 2 * n_keys),
@@ -540,7 +540,7 @@ def radius_rows(
     if radii.ndim == 1:
         r = einops.repeat(radii.to(dtype), "r -> rows n r", rows=n_rows, n=n_sizes)
     else:
-        r, _ = einops.pack([radii.to(dtype)], "* n r")
+        r, _ = pack_rows(radii.to(dtype), 2)
         if r.shape[:2] != (n_rows, n_sizes):
             raise InputError(
                 f"radii of shape {tuple(radii.shape)} do not match the rows {tuple(weights.shape[:-1])} "

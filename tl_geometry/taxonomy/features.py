@@ -20,7 +20,7 @@ from torch import Tensor
 
 from tl_geometry.core.checks import check_row_inputs, typechecked
 from tl_geometry.core.fused import grid_sums
-from tl_geometry.core.layouts import causal_rows
+from tl_geometry.core.layouts import causal_rows, pack_rows
 from tl_geometry.core.rankings import selection_order
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
 
@@ -125,8 +125,8 @@ def regime_features(
     check_row_inputs(weights, values)
     weights, values = causal_rows(weights, values, query_positions)
     ns_t = resolve_ns(ns, weights.shape[-1], device=weights.device)
-    w, packing = einops.pack([weights.to(dtype)], "* k")
-    v, _ = einops.pack([values.to(dtype)], "* k d")
+    w, packing = pack_rows(weights.to(dtype), 1)
+    v, _ = pack_rows(values.to(dtype), 2)
     scalars, curves, masks = row_features(w, v, ns_t)
     rho = sink_similarity(v)
 

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from tl_geometry.core.checks import check_row_inputs, typechecked
 from tl_geometry.core.fused import AVAILABLE, grid_sums
-from tl_geometry.core.layouts import causal_rows
+from tl_geometry.core.layouts import causal_rows, pack_rows
 from tl_geometry.core.rankings import selection_order
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
 from tl_geometry.errors import InputError
@@ -213,8 +213,8 @@ def bounds(
     model = resolve_rho(rho)
     n_keys = weights.shape[-1]
     ns_t = resolve_ns(ns, n_keys, device=weights.device)
-    w, packing = einops.pack([weights.to(dtype)], "* k")
-    v, _ = einops.pack([values.to(dtype)], "* k d")
+    w, packing = pack_rows(weights.to(dtype), 1)
+    v, _ = pack_rows(values.to(dtype), 2)
     out = _bounds_rows(w, v, ns_t, float(kappa), model, block_bytes)
     return Bounds(ns=ns_t, **{name: einops.unpack(x, packing, "* n")[0] for name, x in out.items()})
 
