@@ -17,6 +17,7 @@ Example: ``i_star, j_star = extremes(p, band_key, band_sq, sigma, ns, cosine=Fal
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -169,6 +170,24 @@ def _ordered_rows(y, order, at, by_size, operand, centers, rank):  # pragma: no 
                     g += 1
 
 
+def _scaled(values, out, exponents):  # pragma: no cover - compiled
+    """Per row: ``e = frexp(max |v|)``'s exponent, then ``out = float64(v) * 2^-e`` (False: some ``|e| > 1000``)."""
+    for r in range(values.shape[0]):
+        largest = 0.0
+        for k in range(values.shape[1]):
+            for j in range(values.shape[2]):
+                largest = max(largest, abs(values[r, k, j]))
+        e = math.frexp(np.float64(largest))[1]
+        if abs(e) > 1000:  # 2^-e leaves float64's range: the torch path's ldexp
+            return False
+        exponents[r] = e
+        power = math.ldexp(1.0, -e)
+        for k in range(values.shape[1]):
+            for j in range(values.shape[2]):
+                out[r, k, j] = np.float64(values[r, k, j]) * power
+    return True
+
+
 def _contributions_at(y, order, position, out):  # pragma: no cover - compiled
     n_draws = order.shape[1]
     for h in range(position.shape[0]):
@@ -182,6 +201,7 @@ _compiled_extremes: Any = None
 _compiled_counts: Any = None
 _compiled_ordered_rows: Any = None
 _compiled_contributions_at: Any = None
+_compiled_scaled: Any = None
 if AVAILABLE:
     _lower = numba.njit(cache=True, inline="always")(_lower)
     _beats = numba.njit(cache=True, inline="always")(_beats)
@@ -190,6 +210,27 @@ if AVAILABLE:
     _compiled_counts = numba.njit(cache=True, nogil=True)(_counts)
     _compiled_ordered_rows = numba.njit(cache=True, nogil=True)(_ordered_rows)
     _compiled_contributions_at = numba.njit(cache=True, nogil=True)(_contributions_at)
+    _compiled_scaled = numba.njit(cache=True, nogil=True)(_scaled)
+
+
+def scaled_values(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Rows of values scaled into ``[-1, 1)`` by a power of two, in one walk: ``(out, exponents)``.
+
+    ``exponents [R]`` is ``frexp(max |values[r]|)``'s exponent (0 for a row of zeros) and
+    ``out [R, K, d] float64`` is ``float64(values) * 2^-exponent``, the product the torch path
+    forms (``times_pow2``): exact, rounded once. None where some ``2^-e`` would leave float64's
+    range (then ``torch.ldexp`` decides). ``values [R, K, d]``: float32 or float64, contiguous.
+
+    >>> import numpy as np
+    >>> out, e = scaled_values(np.array([[[3.0, -0.5]], [[0.0, 0.0]]]))
+    >>> out.tolist(), e.tolist()
+    ([[[0.75, -0.125]], [[0.0, 0.0]]], [2, 0])
+    """
+    if _compiled_scaled is None:  # pragma: no cover
+        raise RuntimeError("the compiled scaling needs numba: pip install numba, or use kernel='torch'")
+    out = np.empty(values.shape, dtype=np.float64)
+    exponents = np.zeros(values.shape[0], dtype=np.int64)
+    return (out, exponents) if _compiled_scaled(values, out, exponents) else None
 
 
 def ordered_rows(
@@ -341,4 +382,13 @@ def counts(
     return k_out, k_in, unsure
 
 
-__all__ = ["AVAILABLE", "DEFAULT_KERNEL", "KERNELS", "contributions_at", "counts", "extremes", "ordered_rows"]
+__all__ = [
+    "AVAILABLE",
+    "DEFAULT_KERNEL",
+    "KERNELS",
+    "contributions_at",
+    "counts",
+    "extremes",
+    "ordered_rows",
+    "scaled_values",
+]

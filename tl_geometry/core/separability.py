@@ -34,6 +34,7 @@ from torch import Tensor
 from tl_geometry.core.budget import check_memory
 from tl_geometry.core.checks import check_row_inputs, typechecked
 from tl_geometry.core.fused import check_kernel
+from tl_geometry.core.fused_rows import scaled_values
 from tl_geometry.core.layouts import Layout, causal_rows, check_layout, pack_rows, tl_rows, values_per_head
 from tl_geometry.core.metrics import METRICS, SeparabilityMetrics
 from tl_geometry.core.numerics import local_errors, pow2, times_pow2
@@ -328,7 +329,7 @@ def separability_of_rows(
     w, packing = pack_rows(weights, 1)
     v, _ = pack_rows(values, 2)
     keys = None if row_keys is None else row_keys.reshape(-1).to(device=weights.device, dtype=torch.int64)
-    rows = _ScaledRows.of(w, v)
+    rows = _ScaledRows.of(w, v, compiled=kernel == "numba")
     order = _orders(rows, rank_by, n_draws, seed, keys)  # [R, draws, K]
     metrics = _separability_rows(rows, order, ns_t, distance, dtype, block_bytes, kernel)
 
@@ -353,10 +354,16 @@ class _ScaledRows:
     value_exp: Tensor  # [R] int
 
     @classmethod
-    def of(cls, weights: Tensor, values: Tensor) -> "_ScaledRows":
+    def of(cls, weights: Tensor, values: Tensor, compiled: bool = False) -> "_ScaledRows":
+        """``compiled``: the values' scaling in one numba walk (CPU, float32 or float64), the same numbers."""
         n_keys = weights.shape[-1]
         w = weights.to(torch.float64)
         weight_exp = torch.frexp(w.amax(dim=-1)).exponent + math.ceil(math.log2(n_keys))
+        if compiled and values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
+            scaled = scaled_values(values.detach().contiguous().numpy())
+            if scaled is not None:
+                v, value_exp = (torch.from_numpy(x) for x in scaled)
+                return cls(times_pow2(w, -weight_exp[:, None]), v, weight_exp, value_exp.to(weight_exp.dtype))
         # in the values' own dtype (float32: half the bytes): abs, max and the widening are exact
         v_max = values.abs().amax(dim=(-2, -1)).to(torch.float64) if values.shape[-1] else w.new_zeros(w.shape[0])
         v = values.to(torch.float64)
