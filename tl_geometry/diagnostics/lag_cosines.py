@@ -8,9 +8,10 @@ are read off with a strided view (row ``i``, column ``i + k``); each row's momen
 head instead of ``L^2 d`` for a Gram matrix, and memory ``O(L B)``. With ``k_max`` close to
 ``L`` there is a single block, i.e. the Gram matrix (padded to twice its width).
 
-Where numba imports, the moments and the negatives are read off the products in one compiled pass
-per row (each lag's sum taken along ``p`` in turn) instead of a copy of the diagonals and a dozen
-tensor passes; the products are the same, and the two agree to rounding (``tests/diagnostics``).
+Where numba imports, each row takes two products (block ``j`` against itself and against block
+``j + 1``, no concatenated copy) and one compiled pass reads the moments and the negatives off them
+(each lag's sum taken along ``p`` in turn) instead of a copy of the diagonals and a dozen tensor
+passes; the two agree to rounding (``tests/diagnostics``).
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def lag_cosine_moments(u: Tensor, k_max: int, *, compiled: bool | None = None) -
         compiled = AVAILABLE and u.device.type == "cpu" and u.dtype == torch.float64
     elif compiled and (not AVAILABLE or u.device.type != "cpu"):
         raise InputError("compiled=True needs numba and a CPU tensor; use compiled=False (torch)")
+    if compiled:
+        return _lag_moments_compiled(u, k_max)
     rows, n, d = u.shape
     block = max(k_max, _MIN_BLOCK)
     single = block >= n  # one block: the Gram matrix, padded on the right to twice its width
@@ -71,18 +74,12 @@ def lag_cosine_moments(u: Tensor, k_max: int, *, compiled: bool | None = None) -
     step = max(1, _MAX_ELEMENTS // (n_blocks * block * 2 * block))
     for r0 in range(0, rows, step):
         x = blocks[r0 : r0 + step, :n_blocks]  # [r, nb, B, d]
-        if single and compiled:
-            prod = torch.matmul(x, x.transpose(-1, -2))  # [r, 1, B, B]: the kernel reads columns < n only
-        elif single:
+        if single:
             prod = F.pad(torch.matmul(x, x.transpose(-1, -2)), (0, block))  # [r, 1, B, 2B]
         else:
             y = torch.cat([x, blocks[r0 : r0 + step, 1:]], dim=2)  # [r, nb, 2B, d]: blocks j and j+1
             prod = torch.matmul(x, y.transpose(-1, -2)).contiguous()  # [r, nb, B, 2B]
         r, nb = prod.shape[:2]
-        if compiled:
-            outputs = (t.numpy() for t in (count, mean, m2, negatives))
-            _band_kernel(prod.detach().to(torch.float64).numpy(), n, k_max, r0, *outputs)
-            continue
         # entry (i, k) of the view is prod[..., i, i + k]: the pair (p, p + k), p = jB + i
         strides = (nb * block * 2 * block, block * 2 * block, 2 * block + 1, 1)
         lagged = prod.as_strided((r, nb, block, block + 1), strides)
@@ -96,43 +93,61 @@ def lag_cosine_moments(u: Tensor, k_max: int, *, compiled: bool | None = None) -
     return Moments(count, mean, m2), negatives
 
 
-def _band_moments(prod, n, k_max, r0, count, mean, m2, negatives):  # pragma: no cover - compiled
-    """Rows ``r0 + r`` of the outputs from ``prod [r, nb, B, W]``: lag ``k`` of ``p = jB + i`` is
-    ``prod[r, j, i, i + k]`` (``p + k < n``); the count, the two-pass mean and ``M2`` of
-    :meth:`Moments.of` and the negatives, each lag's sums taken along ``p`` in turn."""
-    rows, nb, block, _ = prod.shape
-    total = np.empty(k_max)
+def _lag_moments_compiled(u: Tensor, k_max: int) -> tuple[Moments, Tensor]:
+    """:func:`lag_cosine_moments` with one row's products at a time (block ``j`` against itself and
+    against block ``j + 1``: two batched products, no concatenated copy) and the moments in numba."""
+    rows, n, d = u.shape
+    block = min(max(k_max, _MIN_BLOCK), n)
+    n_blocks = -(-n // block)
+    blocks = F.pad(u.detach().to(torch.float64), (0, 0, 0, n_blocks * block - n)).view(rows, n_blocks, block, d)
+    count, mean, m2 = (np.zeros((rows, k_max)) for _ in range(3))
+    negatives = np.zeros((rows, k_max), dtype=np.int64)
+    lagged = np.empty((max(n - 1, 1), k_max))
     for r in range(rows):
-        out = r0 + r
-        for k in range(k_max):
-            count[out, k] = n - 1 - k
-            total[k] = 0.0
-        for j in range(nb):
-            for i in range(block):
-                band = prod[r, j, i, i + 1 :]
-                for k in range(min(k_max, n - 1 - j * block - i)):
-                    total[k] += band[k]
-                    negatives[out, k] += band[k] < 0
-        for k in range(k_max):
-            mean[out, k] = total[k] / max(count[out, k], 1.0)
-            total[k] = 0.0
-        for j in range(nb):
-            for i in range(block):
-                band = prod[r, j, i, i + 1 :]
-                for k in range(min(k_max, n - 1 - j * block - i)):
-                    total[k] += band[k] - mean[out, k]
-        for k in range(k_max):
-            mean[out, k] = mean[out, k] + total[k] / count[out, k] if count[out, k] > 0 else 0.0
-            total[k] = 0.0
-        for j in range(nb):
-            for i in range(block):
-                band = prod[r, j, i, i + 1 :]
-                for k in range(min(k_max, n - 1 - j * block - i)):
-                    deviation = band[k] - mean[out, k]
-                    total[k] += deviation * deviation
-        for k in range(k_max):
-            m2[out, k] = total[k]
+        x = blocks[r]  # [nb, B, d], contiguous
+        same = torch.matmul(x, x.transpose(-1, -2))  # [nb, B, B]
+        following = torch.matmul(x[:-1], x[1:].transpose(-1, -2))  # [nb - 1, B, B]
+        _lag_kernel(same.numpy(), following.numpy(), n, lagged, r, count, mean, m2, negatives)
+    return Moments(*(torch.from_numpy(x) for x in (count, mean, m2))), torch.from_numpy(negatives)
+
+
+def _lag_moments(same, following, n, lagged, r, count, mean, m2, negatives):  # pragma: no cover - compiled
+    """Row ``r`` of the outputs: ``lagged[p, k - 1] = <u_p, u_{p+k}>`` for ``p = jB + i`` read off
+    ``same[j, i, i + k]`` (within block ``j``) or ``following[j, i, i + k - B]`` (in block ``j + 1``),
+    then the count, the two-pass mean and ``M2`` of :meth:`Moments.of` and the negatives of each
+    lag, its sums taken along ``p`` in turn."""
+    block = same.shape[1]
+    k_max = lagged.shape[1]
+    for p in range(n - 1):
+        j, i = p // block, p % block
+        width = min(k_max, n - 1 - p)  # lags 1..width reach a key
+        inside = min(width, block - 1 - i)  # those within block j
+        for k in range(inside):
+            lagged[p, k] = same[j, i, i + 1 + k]
+        for k in range(inside, width):
+            lagged[p, k] = following[j, i, i + 1 + k - block]
+    total = np.zeros(k_max)
+    for p in range(n - 1):
+        for k in range(min(k_max, n - 1 - p)):
+            total[k] += lagged[p, k]
+            negatives[r, k] += lagged[p, k] < 0
+    for k in range(k_max):
+        count[r, k] = n - 1 - k
+        mean[r, k] = total[k] / max(count[r, k], 1.0)
+        total[k] = 0.0
+    for p in range(n - 1):
+        for k in range(min(k_max, n - 1 - p)):
+            total[k] += lagged[p, k] - mean[r, k]
+    for k in range(k_max):
+        mean[r, k] = mean[r, k] + total[k] / count[r, k] if count[r, k] > 0 else 0.0
+        total[k] = 0.0
+    for p in range(n - 1):
+        for k in range(min(k_max, n - 1 - p)):
+            deviation = lagged[p, k] - mean[r, k]
+            total[k] += deviation * deviation
+    for k in range(k_max):
+        m2[r, k] = total[k]
 
 
 if AVAILABLE:
-    _band_kernel = numba.njit(cache=True, nogil=True)(_band_moments)
+    _lag_kernel = numba.njit(cache=True, nogil=True)(_lag_moments)

@@ -86,11 +86,12 @@ class SimilarityAccumulator(KeyedSums):
         per_seq = Moments(
             *(einops.rearrange(x, "(b g) k -> b g k", b=b) for x in (moments.count, moments.mean, moments.m2))
         )
-        sink_cos = einops.einsum(u[:, :1], u[:, 1:], "b one g d, b l g d -> b l g")
+        # sum_{j > 0} cos(v_0, v_j) = <u_0, sum_{j > 0} u_j>, per sequence and head
+        sink_sums = einops.einsum(rest.sum(dim=1), u[:, 0].reshape(-1, u.shape[-1]), "bg d, bg d -> bg")
         add: dict[str, Tensor | Moments] = {
             "lag": per_seq.reduce(0),
             "lag_neg": einops.reduce(neg.to(ACC_DTYPE), "(b g) k -> g k", "sum", b=b),
-            "sink": einops.reduce(sink_cos, "b l g -> g", "sum"),
+            "sink": einops.reduce(sink_sums, "(b g) -> g", "sum", b=b),
         }
         self._add(add, b)
         return self
