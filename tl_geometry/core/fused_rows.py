@@ -170,22 +170,13 @@ def _ordered_rows(y, order, at, by_size, operand, centers, rank):  # pragma: no 
                     g += 1
 
 
-def _scaled(values, out, exponents):  # pragma: no cover - compiled
-    """Per row: ``e = frexp(max |v|)``'s exponent, then ``out = float64(v) * 2^-e`` (False: some ``|e| > 1000``)."""
+def _scaled(values, exponents, out):  # pragma: no cover - compiled
+    """``out[r] = float64(values[r]) * 2^-exponents[r]`` (``|exponents| <= 1000``: an exact power of two)."""
     for r in range(values.shape[0]):
-        largest = 0.0
-        for k in range(values.shape[1]):
-            for j in range(values.shape[2]):
-                largest = max(largest, abs(values[r, k, j]))
-        e = math.frexp(np.float64(largest))[1]
-        if abs(e) > 1000:  # 2^-e leaves float64's range: the torch path's ldexp
-            return False
-        exponents[r] = e
-        power = math.ldexp(1.0, -e)
+        power = math.ldexp(1.0, -exponents[r])
         for k in range(values.shape[1]):
             for j in range(values.shape[2]):
                 out[r, k, j] = np.float64(values[r, k, j]) * power
-    return True
 
 
 def _contributions_at(y, order, position, out):  # pragma: no cover - compiled
@@ -213,24 +204,24 @@ if AVAILABLE:
     _compiled_scaled = numba.njit(cache=True, nogil=True)(_scaled)
 
 
-def scaled_values(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """Rows of values scaled into ``[-1, 1)`` by a power of two, in one walk: ``(out, exponents)``.
+def scaled_values(values: np.ndarray, exponents: np.ndarray) -> np.ndarray:
+    """Rows of values times ``2^-exponents`` in float64, in one walk: the product
+    ``times_pow2(values.double(), -exponents)`` forms, exact and rounded once.
 
-    ``exponents [R]`` is ``frexp(max |values[r]|)``'s exponent (0 for a row of zeros) and
-    ``out [R, K, d] float64`` is ``float64(values) * 2^-exponent``, the product the torch path
-    forms (``times_pow2``): exact, rounded once. None where some ``2^-e`` would leave float64's
-    range (then ``torch.ldexp`` decides). ``values [R, K, d]``: float32 or float64, contiguous.
+    ``values [R, K, d]`` float32 or float64, ``exponents [R]`` integers with ``|e| <= 1000`` (so that
+    ``2^-e`` is a float64; beyond, ``torch.ldexp`` decides).
 
     >>> import numpy as np
-    >>> out, e = scaled_values(np.array([[[3.0, -0.5]], [[0.0, 0.0]]]))
-    >>> out.tolist(), e.tolist()
-    ([[[0.75, -0.125]], [[0.0, 0.0]]], [2, 0])
+    >>> scaled_values(np.array([[[3.0, -0.5]], [[0.0, 0.0]]]), np.array([2, 0])).tolist()
+    [[[0.75, -0.125]], [[0.0, 0.0]]]
     """
     if _compiled_scaled is None:  # pragma: no cover
         raise RuntimeError("the compiled scaling needs numba: pip install numba, or use kernel='torch'")
+    if exponents.size and int(np.abs(exponents).max()) > 1000:
+        raise ValueError("scaled_values needs |exponents| <= 1000 (2^-e within float64's range)")
     out = np.empty(values.shape, dtype=np.float64)
-    exponents = np.zeros(values.shape[0], dtype=np.int64)
-    return (out, exponents) if _compiled_scaled(values, out, exponents) else None
+    _compiled_scaled(values, exponents, out)
+    return out
 
 
 def ordered_rows(

@@ -355,20 +355,19 @@ class _ScaledRows:
 
     @classmethod
     def of(cls, weights: Tensor, values: Tensor, compiled: bool = False) -> "_ScaledRows":
-        """``compiled``: the values' scaling in one numba walk (CPU, float32 or float64), the same numbers."""
+        """``compiled``: the values' product by ``2^-e`` in one numba walk (CPU, float32 or float64)."""
         n_keys = weights.shape[-1]
         w = weights.to(torch.float64)
         weight_exp = torch.frexp(w.amax(dim=-1)).exponent + math.ceil(math.log2(n_keys))
-        if compiled and values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
-            scaled = scaled_values(values.detach().contiguous().numpy())
-            if scaled is not None:
-                v, value_exp = (torch.from_numpy(x) for x in scaled)
-                return cls(times_pow2(w, -weight_exp[:, None]), v, weight_exp, value_exp.to(weight_exp.dtype))
         # in the values' own dtype (float32: half the bytes): abs, max and the widening are exact
         v_max = values.abs().amax(dim=(-2, -1)).to(torch.float64) if values.shape[-1] else w.new_zeros(w.shape[0])
-        v = values.to(torch.float64)
         value_exp = torch.frexp(v_max).exponent
-        return cls(times_pow2(w, -weight_exp[:, None]), times_pow2(v, -value_exp[:, None, None]), weight_exp, value_exp)
+        native = values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64)
+        if compiled and native and bool((value_exp.abs() <= 1000).all()):
+            v = torch.from_numpy(scaled_values(values.detach().contiguous().numpy(), value_exp.numpy()))
+        else:
+            v = times_pow2(values.to(torch.float64), -value_exp[:, None, None])
+        return cls(times_pow2(w, -weight_exp[:, None]), v, weight_exp, value_exp)
 
     def length_exp(self) -> Tensor:
         return self.weight_exp + self.value_exp
