@@ -79,15 +79,17 @@ class SimilarityAccumulator(KeyedSums):
         values = values.detach()
         if not self._start(values, 3, "similarity decay needs at least 3 positions (the sink and a pair)"):
             return self
-        b = values.shape[0]
-        u = unit(values.to(ACC_DTYPE))  # [b, L, g, d]
-        rest = einops.rearrange(u[:, 1:], "b l g d -> (b g) l d").contiguous()
+        b, n_keys, g, d = values.shape
+        u = torch.empty((b * g, n_keys, d), dtype=ACC_DTYPE, device=values.device)  # one widening copy
+        u.view(b, g, n_keys, d).copy_(einops.rearrange(values, "b l g d -> b g l d"))
+        u = unit(u)  # [(b g), L, d]
+        rest = u[:, 1:]
         moments, neg = lag_cosine_moments(rest, self.lags())
         per_seq = Moments(
             *(einops.rearrange(x, "(b g) k -> b g k", b=b) for x in (moments.count, moments.mean, moments.m2))
         )
         # sum_{j > 0} cos(v_0, v_j) = <u_0, sum_{j > 0} u_j>, per sequence and head
-        sink_sums = einops.einsum(rest.sum(dim=1), u[:, 0].reshape(-1, u.shape[-1]), "bg d, bg d -> bg")
+        sink_sums = einops.einsum(rest.sum(dim=1), u[:, 0], "bg d, bg d -> bg")
         add: dict[str, Tensor | Moments] = {
             "lag": per_seq.reduce(0),
             "lag_neg": einops.reduce(neg.to(ACC_DTYPE), "(b g) k -> g k", "sum", b=b),

@@ -74,12 +74,13 @@ def sink_similarity(values: Float[Tensor, "*batch k d"]) -> Float[Tensor, "*batc
 
     Zero vectors count as cosine 0; NaN when ``K = 1`` (no ``j > 0``).
     """
+    n_keys = values.shape[-2]
+    if n_keys < 2:
+        return torch.full(values.shape[:-2], torch.nan, dtype=values.dtype, device=values.device)
     norms = torch.linalg.vector_norm(values, dim=-1, keepdim=True)
     units = values / norms.clamp_min(torch.finfo(values.dtype).tiny)
-    cos = einops.einsum(units[..., :1, :], units[..., 1:, :], "... one d, ... j d -> ... one j")[..., 0, :]
-    if cos.shape[-1] == 0:
-        return torch.full(cos.shape[:-1], torch.nan, dtype=values.dtype, device=values.device)
-    return cos.mean(dim=-1)
+    # mean_j <u_0, u_j> = <u_0, sum_j u_j> / (K - 1): one sum instead of K - 1 products
+    return (units[..., 1:, :].sum(dim=-2) * units[..., 0, :]).sum(dim=-1) / (n_keys - 1)
 
 
 @typechecked
