@@ -143,20 +143,25 @@ def test_diagnostics_tables_match_the_observer_run_by_hand(llama_bridge) -> None
     assert result.timings["tables_s"] > 0
 
 
-def test_bounds_columns_match_the_raw_function(llama_bridge) -> None:
-    """analyze(bounds=True) adds, row by row, what tlg.theory.bounds gives on the same tensors."""
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_bounds_columns_match_the_raw_function(llama_bridge, dtype) -> None:
+    """analyze(bounds=True) adds, row by row, what tlg.theory.bounds gives on the same tensors
+    (float32: --analysis-dtype float32)."""
     corpus = tlg.corpus.from_texts(TEXT, n_seqs=2, seq_len=20)
-    result = tlg.analyze(llama_bridge, corpus, ns=[1, 2, 5, 20], bounds=True, kappa=2.0, progress=False)
+    result = tlg.analyze(llama_bridge, corpus, ns=[1, 2, 5, 20], bounds=True, kappa=2.0, progress=False, dtype=dtype)
     table = result.separability
     info = tlg.describe_model(llama_bridge)
     _, cache = llama_bridge.run_with_cache(result.tokens)
     v = values_per_head(cache[hook_v_name(1)], info.kv_head_of())
     w = cache[hook_pattern_name(1)][:, :, -1, :]
-    expected = tlg.theory.bounds(w, v, ns=[1, 2, 5, 20], kappa=2.0)
+    expected = tlg.theory.bounds(w, v, ns=[1, 2, 5, 20], kappa=2.0, dtype=dtype)
     got = table[table.layer == 1].sort_values(["seq", "head", "n"])
     for column in ("precision_lower", "recall_upper", "delta", "scale"):
         torch.testing.assert_close(
-            torch.tensor(got[column].to_numpy()), getattr(expected, column).reshape(-1), rtol=1e-12, atol=1e-12
+            torch.tensor(got[column].to_numpy()).double(),
+            getattr(expected, column).reshape(-1).double(),
+            rtol=1e-12,
+            atol=1e-12,
         )
     env = result.envelopes()
     assert env.n.tolist() == [1, 2, 5, 20] and env.attrs["kappa"] == 2.0

@@ -276,8 +276,9 @@ def test_compiled_search_equals_torch_searchsorted(seed):
         max_p_over_outside(c.to("meta"), ns, sigma, compiled=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("ns", ["log", None])
-def test_compiled_passes_equal_the_torch_reference(monkeypatch, ns):
+def test_compiled_passes_equal_the_torch_reference(monkeypatch, ns, dtype):
     # bounds with the numba passes (units, screen bookkeeping, running sums, searches) against the same bounds
     # with numba hidden from both modules (the torch reference): equal bit for bit
     g = torch.Generator().manual_seed(5)
@@ -286,10 +287,11 @@ def test_compiled_passes_equal_the_torch_reference(monkeypatch, ns):
     values[1, 3] = 0.0  # a zero vector: divided by 1
     values[2, 8] = values[2, 1]
     values[3] = values[3, :1] + 1e-7 * values[3]  # near-ties of the cosines
-    got = bounds(weights, values, ns)
+    got = bounds(weights, values, ns, dtype=dtype)  # float32: --analysis-dtype float32 (compiled where it can)
     for name in ("tl_geometry.theory.bounds", "tl_geometry.theory.boundary_cosines", "tl_geometry.core.fused"):
         monkeypatch.setattr(importlib.import_module(name), "AVAILABLE", False)
-    expected = bounds(weights, values, ns)
+    expected = bounds(weights, values, ns, dtype=dtype)
+    assert got.precision_upper.dtype == dtype
     for name in ("precision_lower", "precision_upper", "recall_lower", "recall_upper", "delta0", "scale"):
         assert torch.equal(getattr(got, name), getattr(expected, name)), name
     assert torch.equal(got.delta.nan_to_num(7.0), expected.delta.nan_to_num(7.0))

@@ -368,9 +368,9 @@ def grid_sums(
     The centres ``s(N)`` of a grid of sizes for rows whose own values are ``values [R, K, d]``
     (``order [R, K]``: each row's selection order; None: ``values`` are in selection order
     already) and ``factor [R, K]`` the weight of each row's ``t``-th selected key; ``ns [G]`` in
-    any order. ``compiled`` (None: where numba imports and the tensors are on the CPU):
+    any order. ``compiled`` (None: where numba imports and ``values`` is a float64 CPU tensor):
     :func:`prefix_sums` with one row per group, ``K d`` additions per row and no ``[R, K, d]``
-    copy; else ``torch.cumsum`` of the sorted contributions, the same numbers in float64.
+    copy; else ``torch.cumsum`` of the sorted contributions (the same numbers).
 
     >>> import torch
     >>> v, f = torch.randn(2, 5, 3, dtype=torch.float64), torch.rand(2, 5, dtype=torch.float64)
@@ -381,9 +381,9 @@ def grid_sums(
     True
     """
     if compiled is None:
-        compiled = AVAILABLE and values.device.type == "cpu"
-    elif compiled and (not AVAILABLE or values.device.type != "cpu"):
-        raise InputError("compiled=True needs numba and CPU tensors; use compiled=False (torch.cumsum)")
+        compiled = AVAILABLE and values.device.type == "cpu" and values.dtype == torch.float64
+    elif compiled and (not AVAILABLE or values.device.type != "cpu" or values.dtype != torch.float64):
+        raise InputError("compiled=True needs numba and float64 CPU tensors; use compiled=False (torch.cumsum)")
     n_rows, n_keys, dim = values.shape
     if not compiled:
         ordered = values if order is None else torch.gather(values, 1, order[..., None].expand(-1, -1, dim))

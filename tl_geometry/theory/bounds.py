@@ -331,8 +331,9 @@ class _RowBlock:
 
 def _centred_terms(a: Tensor, m: Tensor) -> Tensor:
     """``c_t = a_t^2 - 2 a_t M_t(N)`` ``[r, G, K]`` from ``a [r, K]`` and ``M [r, G, K]``: one compiled
-    pass on the CPU (the same operations as the tensor expression, which broadcasts slowly)."""
-    if not (AVAILABLE and a.device.type == "cpu" and a.dtype == m.dtype):
+    pass for float64 on the CPU (the same operations as the tensor expression, which broadcasts
+    slowly); the tensor expression elsewhere."""
+    if not (AVAILABLE and a.device.type == "cpu" and a.dtype == m.dtype == torch.float64):
         return a[:, None, :] ** 2 - 2 * a[:, None, :] * m
     out = torch.empty(m.shape, dtype=m.dtype)
     _centred_kernel(a.detach().contiguous().numpy(), m.detach().contiguous().numpy(), out.numpy())
@@ -429,13 +430,13 @@ def max_p_over_outside(c: Tensor, ns: Tensor, sigma: Tensor, *, compiled: bool |
     of the outside values per ``N`` and a binary search per inside key.
 
     ``compiled``: the searches and the arithmetic around them in two numba passes, with torch's
-    ``exp`` between them (None: where numba imports and ``c`` is on the CPU), or
+    ``exp`` between them (None: where numba imports and ``c`` is a float64 CPU tensor), or
     ``torch.searchsorted`` and tensor operations; the results are the same, bit for bit.
     """
     if compiled is None:
-        compiled = AVAILABLE and c.device.type == "cpu"
-    elif compiled and (not AVAILABLE or c.device.type != "cpu"):
-        raise InputError("compiled=True needs numba and CPU tensors; use compiled=False (torch.searchsorted)")
+        compiled = AVAILABLE and c.device.type == "cpu" and c.dtype == torch.float64
+    elif compiled and (not AVAILABLE or c.device.type != "cpu" or c.dtype != torch.float64):
+        raise InputError("compiled=True needs numba and float64 CPU tensors; use compiled=False (torch.searchsorted)")
     n_rows, n_sizes, n_keys = c.shape
     outside_sorted = sorted_outside(c, ns)  # [G, r, K]
     sizes = [(g, int(n)) for g, n in enumerate(ns.tolist()) if 1 < n < n_keys]
