@@ -306,7 +306,7 @@ class _RowBlock:
         recall_lower = (1.0 - union).clamp(0.0, 1.0)
 
         # upper bounds: mu_ij = c_j - c_i, c_t = a_t^2 - 2 a_t M_t(N)
-        c = _centred_terms(self.a, self.m)  # [r, G, K]
+        c = _c_terms(self.a, self.m)  # [r, G, K]
         sigma = scale / math.sqrt(2.0 * kappa * dim)  # [r, g]
         p_max, size_of = max_p_over_outside(c, ns, sigma)  # [r, L]: every inside key of every nontrivial N
         index = size_of[None, :].expand_as(p_max)
@@ -329,18 +329,18 @@ class _RowBlock:
         }
 
 
-def _centred_terms(a: Tensor, m: Tensor) -> Tensor:
+def _c_terms(a: Tensor, m: Tensor) -> Tensor:
     """``c_t = a_t^2 - 2 a_t M_t(N)`` ``[r, G, K]`` from ``a [r, K]`` and ``M [r, G, K]``: one compiled
     pass for float64 on the CPU (the same operations as the tensor expression, which broadcasts
     slowly); the tensor expression elsewhere."""
     if not (AVAILABLE and a.device.type == "cpu" and a.dtype == m.dtype == torch.float64):
         return a[:, None, :] ** 2 - 2 * a[:, None, :] * m
     out = torch.empty(m.shape, dtype=m.dtype)
-    _centred_kernel(a.detach().contiguous().numpy(), m.detach().contiguous().numpy(), out.numpy())
+    _c_kernel(a.detach().contiguous().numpy(), m.detach().contiguous().numpy(), out.numpy())
     return out
 
 
-def _centred(a, m, out):  # pragma: no cover - compiled
+def _c_pass(a, m, out):  # pragma: no cover - compiled
     """``out[r, g, t] = a[r, t] * a[r, t] - (2 * a[r, t]) * m[r, g, t]``, as torch evaluates it."""
     for r in range(m.shape[0]):
         for g in range(m.shape[1]):
@@ -380,7 +380,7 @@ def _units(values, order, norms, out):  # pragma: no cover - compiled
 
 if AVAILABLE:
     _units_kernel = numba.njit(cache=True, nogil=True)(_units)
-    _centred_kernel = numba.njit(cache=True, nogil=True)(_centred)
+    _c_kernel = numba.njit(cache=True, nogil=True)(_c_pass)
 
 
 def _suffix_max(x: Tensor, dim: int) -> Tensor:
