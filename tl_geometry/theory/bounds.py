@@ -231,7 +231,9 @@ def _bounds_rows(
     out = {name: torch.empty(n_rows, grid.shape[0], dtype=dtype, device=device) for name in BOUND_FIELDS}
     cell = torch.finfo(dtype).bits // 8
     inside_keys = int(grid.clamp(max=n_keys - 1).sum())  # L: the inside keys of every N, one after the other
-    per_row = cell * (n_keys * n_keys // 4 + 6 * grid.shape[0] * n_keys + 12 * inside_keys + 2 * n_keys * dim)
+    per_row = cell * (6 * grid.shape[0] * n_keys + 12 * inside_keys + 2 * n_keys * dim)
+    if device.type != "cpu":  # one bucket's cosines for every row at once (the CPU forms PRODUCT_ELEMENTS at a time)
+        per_row += cell * (n_keys * n_keys // 4)
     if model is not None:
         per_row += 2 * cell * n_keys * n_keys  # the model's [K, K] cosine matrix
     row_block = max(1, min(n_rows, block_bytes // max(1, per_row)))
