@@ -23,6 +23,7 @@ once per run, not per window) is printed beside it.
 
 Run:  OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_scale.py            (about 20 minutes on 2 cores)
       OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_scale.py --quick    (2 windows, no torchrun/memory)
+      ``--repeat 3`` prints each ratio three times, one after the other (the spread of one machine's runs)
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, mps")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeat", type=int, default=1, help="measure each ratio this many times (one line each)")
     from roofline import add_allocator_flag, allocator_line, cpu_line
 
     add_allocator_flag(parser)
@@ -150,14 +152,19 @@ def main() -> None:
     for dtype in (torch.float64, torch.float32):  # numba's start-up and compiles (per dtype), untimed
         for kwargs in (main_job, dict(ns="all", taxonomy=False), dict(ns="log", query_positions="all")):
             tlg.analyze(model, warm, progress=False, dtype=dtype, **kwargs)
-    ratio(model, "run analysis (diagnostics + envelopes + taxonomy + separability, log) / forward [target <= 0.3]",
-          n, args.seq_len, 2, **main_job)  # fmt: skip
-    ratio(model, "  same, --analysis-dtype float32", n, args.seq_len, 2, dtype=torch.float32, **main_job)
-    ratio(model, "separability every N / forward [target <= 0.3]", n, args.seq_len, 2, ns="all", taxonomy=False)
-    ratio(model, "  same, float32 screening", n, args.seq_len, 2, ns="all", taxonomy=False, dtype=torch.float32)
+    for _ in range(args.repeat):
+        ratio(model, "run analysis (diagnostics + envelopes + taxonomy + separability, log) / forward [target <= 0.3]",
+              n, args.seq_len, 2, **main_job)  # fmt: skip
+    for _ in range(args.repeat):
+        ratio(model, "  same, --analysis-dtype float32", n, args.seq_len, 2, dtype=torch.float32, **main_job)
+    for _ in range(args.repeat):
+        ratio(model, "separability every N / forward [target <= 0.3]", n, args.seq_len, 2, ns="all", taxonomy=False)
+    for _ in range(args.repeat):
+        ratio(model, "  same, float32 screening", n, args.seq_len, 2, ns="all", taxonomy=False, dtype=torch.float32)
     # the query engine screens in float32 and decides in float64 (bench_queries.py compares float64 screening)
-    ratio(model, "every query position, 512 tokens, log / forward [target <= 3]", 1, 512, 1,
-          ns="log", taxonomy=False, query_positions="all")  # fmt: skip
+    for _ in range(args.repeat):
+        ratio(model, "every query position, 512 tokens, log / forward [target <= 3]", 1, 512, 1,
+              ns="log", taxonomy=False, query_positions="all")  # fmt: skip
     if not args.quick:
         torchrun_ratio(4, 256)
         memory()
