@@ -55,6 +55,24 @@ def check_kernel(kernel: str | None) -> str:
     return kernel
 
 
+def use_compiled(compiled: bool | None, x: Tensor, *, float64: bool = False, reference: str = "torch") -> bool:
+    """Whether a function with a compiled (numba) path and a torch one takes the compiled path for ``x``.
+
+    ``compiled`` None: where numba imports and ``x`` is a CPU tensor (of float64 where ``float64``).
+    True where that cannot run raises :class:`InputError` naming the ``reference`` to use instead.
+
+    >>> use_compiled(False, torch.zeros(1)), use_compiled(None, torch.zeros(1, dtype=torch.float32), float64=True)
+    (False, False)
+    """
+    runs_here = AVAILABLE and x.device.type == "cpu" and (x.dtype == torch.float64 or not float64)
+    if compiled is None:
+        return runs_here
+    if compiled and not runs_here:
+        tensors = "float64 CPU tensors" if float64 else "a CPU tensor"
+        raise InputError(f"compiled=True needs numba and {tensors}; use compiled=False ({reference})")
+    return compiled
+
+
 def _row_terms(w, v_norm, coef, one, given, sq, w2, cy2, cy):  # pragma: no cover - compiled
     """The terms of ``E`` (screen dtype) and of the band (float64) of every key of one engine row."""
     for k in range(sq.shape[0]):
@@ -380,10 +398,7 @@ def grid_sums(
     >>> torch.allclose(s[:, 0], (f[:, :4, None] * v[:, :4]).sum(1)) and torch.equal(s[:, 1], v[:, 0] * f[:, :1])
     True
     """
-    if compiled is None:
-        compiled = AVAILABLE and values.device.type == "cpu" and values.dtype == torch.float64
-    elif compiled and (not AVAILABLE or values.device.type != "cpu" or values.dtype != torch.float64):
-        raise InputError("compiled=True needs numba and float64 CPU tensors; use compiled=False (torch.cumsum)")
+    compiled = use_compiled(compiled, values, float64=True, reference="torch.cumsum")
     n_rows, n_keys, dim = values.shape
     if not compiled:
         ordered = values if order is None else torch.gather(values, 1, order[..., None].expand(-1, -1, dim))
@@ -458,11 +473,7 @@ def cell_coordinates(
     >>> [t.tolist() for t in cell_coordinates(torch.tensor([0, 13]), n_keys=2, n_rows=2, n_sizes=3)]
     [[0, 1], [0, 0], [0, 0], [0, 7]]
     """
-    if compiled is None:
-        compiled = AVAILABLE and flat.device.type == "cpu"
-    elif compiled and (not AVAILABLE or flat.device.type != "cpu"):
-        raise InputError("compiled=True needs numba and a CPU tensor; use compiled=False (torch)")
-    if not compiled:
+    if not use_compiled(compiled, flat):
         size, rest = flat % n_sizes, flat // n_sizes
         row, rest = rest % n_rows, rest // n_rows
         key, group = rest % n_keys, rest // n_keys
@@ -482,4 +493,5 @@ __all__ = [
     "grid_sums",
     "prefix_sums",
     "screen_counts",
+    "use_compiled",
 ]

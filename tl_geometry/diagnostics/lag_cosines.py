@@ -21,9 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tl_geometry.core.fused import AVAILABLE
+from tl_geometry.core.fused import AVAILABLE, use_compiled
 from tl_geometry.core.moments import Moments
-from tl_geometry.errors import InputError
 
 if AVAILABLE:  # whether numba imports is decided once, in core/fused.py
     import numba
@@ -53,11 +52,8 @@ def lag_cosine_moments(u: Tensor, k_max: int, *, compiled: bool | None = None) -
         The count (``n - k``), mean and ``M2`` of ``c_pk = <u_p, u_{p+k}>`` over ``p = 0..n-1-k``,
         and ``#{p : c_pk < 0}``.
     """
-    if compiled is None:
-        compiled = AVAILABLE and u.device.type == "cpu" and u.dtype == torch.float64
-    elif compiled and (not AVAILABLE or u.device.type != "cpu"):
-        raise InputError("compiled=True needs numba and a CPU tensor; use compiled=False (torch)")
-    if compiled:
+    # by default float64 rows only (the torch path keeps float32 products); asked for, any dtype, widened
+    if use_compiled(compiled, u, float64=compiled is None):
         return _lag_moments_compiled(u, k_max)
     rows, n, d = u.shape
     block = max(k_max, _MIN_BLOCK)

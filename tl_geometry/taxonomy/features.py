@@ -162,13 +162,12 @@ def row_features(
     y_sink, y_last = weights[:, :1] * values[:, 0], weights[:, -1:] * values[:, -1]  # [R, d]
     v_sink, v_last = values[:, :1], values[:, -1:]  # [R, 1, d], broadcast against [R, G, d]
     rest_end = max(n_keys - 1, 1)  # the keys between the sink and the last one: 1..K-2
+    y_rest = torch.matmul(weights[:, None, 1:rest_end], values[:, 1:rest_end])[:, 0]  # [R, d]
     nan = torch.tensor(torch.nan, dtype=values.dtype, device=values.device)
     scalars = {
         "c_sink": torch.linalg.vector_norm(y_sink, dim=-1),
         "c_last": torch.linalg.vector_norm(y_last, dim=-1),
-        "c_rest": torch.linalg.vector_norm(torch.matmul(weights[:, None, 1:rest_end], values[:, 1:rest_end]), dim=-1)[
-            :, 0
-        ],
+        "c_rest": torch.linalg.vector_norm(y_rest, dim=-1),
     }
     curves = {
         "cos_s_v0": cosine(centers, v_sink),

@@ -26,7 +26,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.core.checks import check_row_inputs, typechecked
-from tl_geometry.core.fused import AVAILABLE, grid_sums
+from tl_geometry.core.fused import AVAILABLE, grid_sums, use_compiled
 from tl_geometry.core.layouts import causal_rows, pack_rows
 from tl_geometry.core.rankings import selection_order
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
@@ -335,7 +335,7 @@ def _c_terms(a: Tensor, m: Tensor) -> Tensor:
     """``c_t = a_t^2 - 2 a_t M_t(N)`` ``[r, G, K]`` from ``a [r, K]`` and ``M [r, G, K]``: one compiled
     pass for float64 on the CPU (the same operations as the tensor expression, which broadcasts
     slowly); the tensor expression elsewhere."""
-    if not (AVAILABLE and a.device.type == "cpu" and a.dtype == m.dtype == torch.float64):
+    if not (use_compiled(None, a, float64=True) and m.dtype == a.dtype):
         return a[:, None, :] ** 2 - 2 * a[:, None, :] * m
     out = torch.empty(m.shape, dtype=m.dtype)
     _c_kernel(a.detach().contiguous().numpy(), m.detach().contiguous().numpy(), out.numpy())
@@ -435,10 +435,7 @@ def max_p_over_outside(c: Tensor, ns: Tensor, sigma: Tensor, *, compiled: bool |
     ``exp`` between them (None: where numba imports and ``c`` is a float64 CPU tensor), or
     ``torch.searchsorted`` and tensor operations; the results are the same, bit for bit.
     """
-    if compiled is None:
-        compiled = AVAILABLE and c.device.type == "cpu" and c.dtype == torch.float64
-    elif compiled and (not AVAILABLE or c.device.type != "cpu" or c.dtype != torch.float64):
-        raise InputError("compiled=True needs numba and float64 CPU tensors; use compiled=False (torch.searchsorted)")
+    compiled = use_compiled(compiled, c, float64=True, reference="torch.searchsorted")
     n_rows, n_sizes, n_keys = c.shape
     outside_sorted = sorted_outside(c, ns)  # [G, r, K]
     sizes = [(g, int(n)) for g, n in enumerate(ns.tolist()) if 1 < n < n_keys]
