@@ -1,5 +1,6 @@
-"""The small numerical kernels every layer shares: the accumulation dtype, exact powers of two, the
-cosine distance and the local errors (one copy of each; merged spreads: :mod:`tl_geometry.core.moments`).
+"""The small numerical kernels every layer shares: the accumulation dtype, exact powers of two, unit
+vectors and the sink's cosines, the cosine distance and the local errors (one copy of each; merged
+spreads: :mod:`tl_geometry.core.moments`).
 
 Example: ``times_pow2(x, e)`` is ``x * 2 ** e`` rounded once, beyond float64's range of ``2 ** e`` too.
 """
@@ -38,6 +39,26 @@ def times_pow2(x: Tensor, exponents: Tensor) -> Tensor:
     if bool(in_range.all()):
         return x * pow2(exponents)
     return torch.ldexp(*torch.broadcast_tensors(x, exponents))
+
+
+def unit_vectors(x: Tensor) -> Tensor:
+    """``x / ||x||`` along the last axis; a zero vector stays zero (so its cosines count as 0).
+
+    >>> unit_vectors(torch.tensor([[3.0, 4.0], [0.0, 0.0]])).tolist()
+    [[0.6000000238418579, 0.800000011920929], [0.0, 0.0]]
+    """
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    return x / norm.clamp_min(torch.finfo(x.dtype).tiny)
+
+
+def sink_cosine_sums(units: Tensor) -> Tensor:
+    """``sum_{j > 0} cos(v_0, v_j)`` of each set of unit vectors ``[..., K, d]`` (key 0 the sink), as
+    ``<u_0, sum_{j > 0} u_j>``: one sum over the keys instead of ``K - 1`` products.
+
+    >>> sink_cosine_sums(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])).item()
+    1.0
+    """
+    return (units[..., 1:, :].sum(dim=-2) * units[..., 0, :]).sum(dim=-1)
 
 
 def cosine_distance(dot: Tensor, norm_y: Tensor, norm_s: Tensor, eps: Tensor) -> Tensor:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-import torch
 from torch import Tensor
 
 from tl_geometry.core.checks import all_finite
@@ -29,12 +28,6 @@ def median_last(x: Tensor) -> Tensor:
     if n % 2:
         return s[..., mid]
     return 0.5 * (s[..., mid - 1] + s[..., mid])
-
-
-def unit(x: Tensor) -> Tensor:
-    """``x / ||x||`` along the last axis; a zero vector stays zero (so its cosines count as 0)."""
-    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-    return x / norm.clamp_min(torch.finfo(x.dtype).tiny)
 
 
 def check_finite(x: Tensor, what: str) -> None:

@@ -23,8 +23,8 @@ from torch import Tensor
 from tl_geometry.capture.tables import empty_frame
 from tl_geometry.core.checks import typechecked
 from tl_geometry.core.moments import Moments
-from tl_geometry.core.numerics import ACC_DTYPE
-from tl_geometry.diagnostics.accumulators import KeyedSums, check_same, unit
+from tl_geometry.core.numerics import ACC_DTYPE, sink_cosine_sums, unit_vectors
+from tl_geometry.diagnostics.accumulators import KeyedSums, check_same
 from tl_geometry.diagnostics.decay_fit import fit_exponential_decay
 from tl_geometry.diagnostics.lag_cosines import lag_cosine_moments
 from tl_geometry.errors import InputError
@@ -82,14 +82,12 @@ class SimilarityAccumulator(KeyedSums):
         b, n_keys, g, d = values.shape
         u = torch.empty((b * g, n_keys, d), dtype=ACC_DTYPE, device=values.device)  # one widening copy
         u.view(b, g, n_keys, d).copy_(einops.rearrange(values, "b l g d -> b g l d"))
-        u = unit(u)  # [(b g), L, d]
-        rest = u[:, 1:]
-        moments, neg = lag_cosine_moments(rest, self.lags())
+        u = unit_vectors(u)  # [(b g), L, d]
+        moments, neg = lag_cosine_moments(u[:, 1:], self.lags())
         per_seq = Moments(
             *(einops.rearrange(x, "(b g) k -> b g k", b=b) for x in (moments.count, moments.mean, moments.m2))
         )
-        # sum_{j > 0} cos(v_0, v_j) = <u_0, sum_{j > 0} u_j>, per sequence and head
-        sink_sums = einops.einsum(rest.sum(dim=1), u[:, 0], "bg d, bg d -> bg")
+        sink_sums = sink_cosine_sums(u)  # [(b g)]
         add: dict[str, Tensor | Moments] = {
             "lag": per_seq.reduce(0),
             "lag_neg": einops.reduce(neg.to(ACC_DTYPE), "(b g) k -> g k", "sum", b=b),

@@ -21,6 +21,7 @@ from torch import Tensor
 from tl_geometry.core.checks import check_row_inputs, typechecked
 from tl_geometry.core.fused import grid_sums
 from tl_geometry.core.layouts import causal_rows, pack_rows
+from tl_geometry.core.numerics import sink_cosine_sums, unit_vectors
 from tl_geometry.core.rankings import selection_order
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
 
@@ -77,10 +78,7 @@ def sink_similarity(values: Float[Tensor, "*batch k d"]) -> Float[Tensor, "*batc
     n_keys = values.shape[-2]
     if n_keys < 2:
         return torch.full(values.shape[:-2], torch.nan, dtype=values.dtype, device=values.device)
-    norms = torch.linalg.vector_norm(values, dim=-1, keepdim=True)
-    units = values / norms.clamp_min(torch.finfo(values.dtype).tiny)
-    # mean_j <u_0, u_j> = <u_0, sum_j u_j> / (K - 1): one sum instead of K - 1 products
-    return (units[..., 1:, :].sum(dim=-2) * units[..., 0, :]).sum(dim=-1) / (n_keys - 1)
+    return sink_cosine_sums(unit_vectors(values)) / (n_keys - 1)
 
 
 @typechecked
