@@ -268,8 +268,7 @@ class SeparabilityObserver(RowMetricsObserver):
                     dtype=self.dtype,
                     kernel=None if self.kernel == "auto" else self.kernel,
                 )
-                metrics = {name: getattr(res, name) for name in [*SEPARABILITY_METRICS, *LOCAL_ERROR_METRICS]}
-                tables.append(self._finish(head_rows_table(batch, q, res.ns, self.kv_head_of, metrics), res))
+                tables.append(head_rows_table(batch, q, res.ns, self.kv_head_of, self._columns(res)))
         self.chunks.append(_in_key_order(tables))
 
     def _observe_queries(self, batch: LayerBatch) -> None:
@@ -298,19 +297,17 @@ class SeparabilityObserver(RowMetricsObserver):
                 dtype=self.dtype,
                 kernel=None if self.kernel == "auto" else self.kernel,
             )
-            metrics = {name: getattr(res, name) for name in [*SEPARABILITY_METRICS, *LOCAL_ERROR_METRICS]}
-            table = query_rows_table(
-                batch.seq_ids, batch.layer, batch.query_positions, res.ns, res.valid, self.kv_head_of, metrics
+            queries, columns = batch.query_positions, self._columns(res)
+            tables.append(
+                query_rows_table(batch.seq_ids, batch.layer, queries, res.ns, res.valid, self.kv_head_of, columns)
             )
-            tables.append(self._finish(table, res))
         self.chunks.append(_in_key_order(tables))
 
-    def _finish(self, table: pd.DataFrame, res: Any) -> pd.DataFrame:
-        """Add the ranking, distance and draw columns of ``res`` to a table of metrics."""
-        table.insert(len(KEY_COLUMNS), "rank_by", res.rank_by)
-        table["distance"] = self.distance
-        table["n_draws"] = res.n_draws
-        return table
+    def _columns(self, res: Any) -> dict[str, Any]:
+        """The columns after the keys of a table of ``res``: the ranking, the metrics and local
+        errors, the distance and the draws (one table built at once, without inserting columns)."""
+        metrics = {name: getattr(res, name) for name in [*SEPARABILITY_METRICS, *LOCAL_ERROR_METRICS]}
+        return {"rank_by": res.rank_by, **metrics, "distance": self.distance, "n_draws": res.n_draws}
 
 
 def _in_key_order(tables: list[pd.DataFrame]) -> pd.DataFrame:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -51,16 +51,17 @@ def attention_rows(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def head_rows_table(
-    batch: LayerBatch, query_pos: int, ns: Tensor, kv_head_of: Tensor, metrics: dict[str, Tensor]
+    batch: LayerBatch, query_pos: int, ns: Tensor, kv_head_of: Tensor, metrics: Mapping[str, Tensor | str | int]
 ) -> pd.DataFrame:
     """Long table of ``[batch, head, n]`` metrics of one layer and query position.
 
     Rows are ordered by sequence, then head, then ``n``; the key columns are
-    :data:`KEY_COLUMNS`, followed by one column per entry of ``metrics``.
+    :data:`KEY_COLUMNS`, followed by one column per entry of ``metrics`` (a ``[batch, head, n]``
+    tensor, or a ``str`` or ``int`` that every row holds).
     """
-    first = next(iter(metrics.values()))
+    first = next(x for x in metrics.values() if isinstance(x, Tensor))
     b, h, n = first.shape
-    cols: dict[str, np.ndarray] = {
+    cols: dict[str, Any] = {
         "seq": np.repeat(batch.seq_ids.cpu().numpy(), h * n),
         "layer": np.full(b * h * n, batch.layer, dtype=np.int64),
         "head": np.tile(np.repeat(np.arange(h), n), b),
@@ -69,7 +70,7 @@ def head_rows_table(
         "n": np.tile(ns.cpu().numpy(), b * h),
     }
     for name, values in metrics.items():
-        cols[name] = values.reshape(-1).cpu().numpy()
+        cols[name] = values.reshape(-1).cpu().numpy() if isinstance(values, Tensor) else values
     return pd.DataFrame(cols)
 
 
@@ -80,14 +81,15 @@ def query_rows_table(
     ns: Tensor,
     valid: Tensor,
     kv_head_of: Tensor,
-    metrics: dict[str, Tensor],
+    metrics: Mapping[str, Tensor | str | int],
 ) -> pd.DataFrame:
     """Long table of ``[batch, head, query, n]`` metrics of one layer, each query with its own grid.
 
     The rows of :func:`head_rows_table` for every query position, ordered by sequence, head, query
     and ``n`` (the metrics' own layout, and the key order of the results: their final sort finds
     them in order); ``ns`` and ``valid`` (``[query, n]``) say which sizes each query has
-    (:class:`tl_geometry.core.query_engine.QueryRows`).
+    (:class:`tl_geometry.core.query_engine.QueryRows`); a ``str`` or ``int`` in ``metrics`` is
+    held by every row.
 
     Examples
     --------
@@ -100,7 +102,7 @@ def query_rows_table(
     >>> t.recall.tolist()
     [0.0, 2.0, 3.0, 4.0, 6.0, 7.0]
     """
-    first = next(iter(metrics.values()))
+    first = next(x for x in metrics.values() if isinstance(x, Tensor))
     b, h, q, n = first.shape
     shape = (b, h, q, n)
     keep = np.broadcast_to(valid.cpu().numpy()[None, None], shape).reshape(-1)
@@ -110,7 +112,7 @@ def query_rows_table(
         index[axis] = slice(None)
         return np.broadcast_to(x[tuple(index)], shape).reshape(-1)[keep]
 
-    cols: dict[str, np.ndarray] = {
+    cols: dict[str, Any] = {
         "seq": column(seq_ids.cpu().numpy().astype(np.int64), 0),
         "layer": np.full(int(keep.sum()), layer, dtype=np.int64),
         "head": column(np.arange(h, dtype=np.int64), 1),
@@ -119,7 +121,7 @@ def query_rows_table(
         "n": np.broadcast_to(ns.cpu().numpy().astype(np.int64)[None, None], shape).reshape(-1)[keep],
     }
     for name, values in metrics.items():
-        cols[name] = values.reshape(-1).cpu().numpy()[keep]
+        cols[name] = values.reshape(-1).cpu().numpy()[keep] if isinstance(values, Tensor) else values
     return pd.DataFrame(cols)
 
 
