@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from reference import top_n
@@ -119,3 +120,44 @@ def test_compiled_bookkeeping_equals_the_torch_screen(seed):
         grid = torch.tensor(ns)
         expected = rho_out_from_buckets(bucket_max_measured(units, grid, sink_rank, torch.float64), grid)
         assert torch.equal(rho_out_measured(units, grid, sink_rank, torch.float64), expected), ns
+
+
+@pytest.mark.parametrize("min_columns", [None, 2], ids=["default", "every-row"])
+@pytest.mark.parametrize("seed", range(3))
+def test_repeated_vectors_are_rechecked_once(seed, min_columns, monkeypatch):
+    # a first layer's values: a few vectors, each repeated at many keys (the same token), so that
+    # most columns tie at cosine 1 and pass the screen; the re-check keeps one column per vector
+    if min_columns is not None:
+        monkeypatch.setattr(boundary_cosines, "DISTINCT_MIN_COLUMNS", min_columns)
+    g = torch.Generator().manual_seed(seed)
+    n_rows, k_keys, d, vocabulary = 4, 120, 6, 9
+    tokens = torch.randint(0, vocabulary, (n_rows, k_keys), generator=g)
+    values = torch.randn(vocabulary, d, generator=g, dtype=torch.float64)[tokens]
+    values[0, 3:6] = -values[0, 3:6]  # opposite vectors, not equal ones
+    weights = torch.softmax(3 * torch.randn(n_rows, k_keys, generator=g, dtype=torch.float64), dim=-1)
+    order = selection_order(weights)
+    v = values.gather(-2, order[..., None].expand_as(values))
+    units = v / v.norm(dim=-1, keepdim=True)
+    sink_rank = (order == 0).to(torch.int64).argmax(dim=-1)
+    seen = []
+    distinct = boundary_cosines.distinct_columns
+    monkeypatch.setattr(
+        boundary_cosines, "distinct_columns", lambda u, c: seen.append((c, distinct(u, c))) or seen[-1][1]
+    )
+    for ns in ([1, 2, 3, 5, 8, 13, 30, 64, 119, 120], list(range(1, k_keys + 1))):
+        grid = torch.tensor(ns)
+        expected = rho_out_from_buckets(bucket_max_measured(units, grid, sink_rank, torch.float64), grid)
+        assert torch.equal(rho_out_measured(units, grid, sink_rank, torch.float64), expected), ns
+        for r in range(n_rows):
+            for gi, n in enumerate(ns[:4]):
+                assert float(expected[r, gi]) == pytest.approx(ref_rho_out(weights[r], values[r], n), abs=1e-14)
+    assert any(len(kept) < len(cols) for cols, kept in seen)  # repeated columns were left out
+
+
+def test_distinct_columns_keeps_the_lowest_rank_of_equal_vectors(monkeypatch):
+    monkeypatch.setattr(boundary_cosines, "DISTINCT_MIN_COLUMNS", 2)
+    u = np.array([[0.6, 0.8], [1.0, 0.0], [0.6, 0.8], [1.0, -0.0], [1.0, 0.0], [0.8, 0.6]])
+    assert boundary_cosines.distinct_columns(u, np.arange(6)).tolist() == [0, 1, 3, 5]  # -0.0 differs in its bits
+    assert boundary_cosines.distinct_columns(u, np.array([2, 4, 5])).tolist() == [2, 4, 5]
+    monkeypatch.setattr(boundary_cosines, "DISTINCT_MIN_COLUMNS", 4)
+    assert boundary_cosines.distinct_columns(u, np.array([0, 2, 5])).tolist() == [0, 2, 5]  # too few to look

@@ -27,6 +27,9 @@ if AVAILABLE:  # whether numba imports is decided once, in fused.py; without it:
 #: Slack of the float32 screen, in units of float32 epsilon, on top of ``d``.
 SCREEN_SLACK = 4
 
+#: Candidate columns of one row from which :func:`distinct_columns` looks for repeated vectors.
+DISTINCT_MIN_COLUMNS = 32
+
 #: Largest product of bucket cosines formed at once on the CPU, in elements (1 MiB of float32):
 #: it stays in the core's cache while its maximum is taken (``benchmarks/bench_bounds.py``).
 PRODUCT_ELEMENTS = 1 << 18
@@ -126,10 +129,32 @@ def rho_out_measured(
     out = torch.full((units.shape[0], grid.shape[0]), -torch.inf, dtype=torch.float64)
     out_np = out.numpy()
     for row in np.flatnonzero(candidates.any(axis=-1)).tolist():
-        cols = torch.from_numpy(np.flatnonzero(candidates[row]))
-        dots = units[row] @ units[row, cols].T  # [K, c], float64: the product of the torch path
+        cols = torch.from_numpy(distinct_columns(units[row].detach().numpy(), np.flatnonzero(candidates[row])))
+        dots = units[row] @ units[row, cols].T  # [K, c], float64: the products of the torch path
         _compiled_rho_out_of_columns(dots.detach().numpy(), cols.numpy(), grid, out_np[row])
     return out
+
+
+def distinct_columns(units: np.ndarray, cols: np.ndarray, min_columns: int | None = None) -> np.ndarray:
+    """The columns ``cols`` (increasing ranks) less those whose unit vector equals, bit for bit, one
+    of a lower rank among them (repeated tokens give equal values, in a model's first layer).
+
+    Such a column has the same cosines as the lower one and counts for fewer sizes, so it never
+    sets a maximum of :func:`rho_out_measured`. Fewer than ``min_columns`` columns (None:
+    :data:`DISTINCT_MIN_COLUMNS`) are returned as they are.
+
+    >>> import numpy as np
+    >>> u = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.6, 0.8]])
+    >>> distinct_columns(u, np.arange(4), min_columns=2).tolist()
+    [0, 1, 3]
+    >>> distinct_columns(u, np.array([1, 2, 3]), min_columns=2).tolist(), distinct_columns(u, np.arange(4)).tolist()
+    ([1, 2, 3], [0, 1, 2, 3])
+    """
+    if cols.shape[0] < (DISTINCT_MIN_COLUMNS if min_columns is None else min_columns):
+        return cols
+    rows = np.ascontiguousarray(units[cols])
+    _, first = np.unique(rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))), return_index=True)
+    return cols[np.sort(first)]
 
 
 def bucket_max_matrix(rho: Float[Tensor, "r k k"], ns: Int[Tensor, " g"], sink_rank: Int[Tensor, " r"]) -> Tensor:
