@@ -5,7 +5,8 @@ main-job line of ``bench_scale.py``) of the embedded CPython documentation corpu
 layer gives the observers (``hook_pattern`` at the last query, ``hook_v``), then times the main
 job's four observers on those layers, each alone, the best of ``--repeat`` passes over all
 layers, on one torch thread: separability (attention ranking, log grid), the envelopes, the
-diagnostics and the taxonomy. The layers stay in memory between passes, so each figure is the
+diagnostics and the taxonomy (with each, its best time on layer 0, where repeated tokens give
+equal values, and on its slowest layer). The layers stay in memory between passes, so each figure is the
 observer's own cost without the forward pass evicting its data (``analysis_s`` in a real run is
 higher by that). A before/after runs this script twice, once with ``PYTHONPATH`` at the other
 checkout.
@@ -65,15 +66,22 @@ def main() -> None:
     print(f"{len(batches)} layers of {args.n_seqs} x {args.seq_len} tokens, load average {os.getloadavg()[0]:.1f}")
     total = 0.0
     for name, make in observers.items():
-        best = float("inf")
+        best, per_layer = float("inf"), [float("inf")] * len(batches)
         for _ in range(args.repeat):
             observer = make()
             start = time.perf_counter()
-            for batch in batches:
+            for i, batch in enumerate(batches):
+                layer_start = time.perf_counter()
                 observer.observe(batch)
+                per_layer[i] = min(per_layer[i], time.perf_counter() - layer_start)
             best = min(best, time.perf_counter() - start)
         total += best
-        print(f"{name}: {best * 1e3:.0f} ms ({best * 1e3 / len(batches):.1f} ms a layer)", flush=True)
+        slowest = max(range(len(batches)), key=per_layer.__getitem__)
+        print(
+            f"{name}: {best * 1e3:.0f} ms ({best * 1e3 / len(batches):.1f} ms a layer; layer 0 "
+            f"{per_layer[0] * 1e3:.1f} ms, the slowest layer {batches[slowest].layer} {per_layer[slowest] * 1e3:.1f} ms)",
+            flush=True,
+        )
     print(f"all four: {total * 1e3:.0f} ms; load average at the end {os.getloadavg()[0]:.1f}")
 
 
