@@ -142,12 +142,13 @@ class DiagnosticsObserver:
 
     # ------------------------------------------------------------------ accumulate
     def observe(self, batch: LayerBatch) -> None:
-        """Add one layer of one forward pass."""
-        values = batch.values
-        if values.shape[2] != self.info.n_kv_heads or batch.weights.shape[1] != self.info.n_heads:
+        """Add one layer of one forward pass (the accumulators live on the CPU: a batch on another
+        device is copied there first)."""
+        values, weights = batch.values.cpu(), batch.weights.cpu()
+        if values.shape[2] != self.info.n_kv_heads or weights.shape[1] != self.info.n_heads:
             raise InputError(
                 f"layer {batch.layer}: values have {values.shape[2]} key/value heads and weights "
-                f"{batch.weights.shape[1]} heads; the model has {self.info.n_kv_heads} and {self.info.n_heads}"
+                f"{weights.shape[1]} heads; the model has {self.info.n_kv_heads} and {self.info.n_heads}"
             )
         q = max(batch.query_positions)
         qi = batch.query_positions.index(q)
@@ -165,7 +166,7 @@ class DiagnosticsObserver:
             raise InputError(f"layer {batch.layer}: sequences {sorted(seen)[:8] or ids} were already observed")
         state.norms.update(values)
         state.similarity.update(values)
-        state.profile.update(batch.weights[:, :, qi, : q + 1])
+        state.profile.update(weights[:, :, qi, : q + 1])
         state.seqs.update(ids)
 
     def merge(self, other: "DiagnosticsObserver") -> "DiagnosticsObserver":

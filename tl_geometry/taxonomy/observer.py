@@ -105,14 +105,16 @@ class TaxonomyObserver:
         return self.parts[seq]
 
     def observe(self, batch: LayerBatch) -> None:
-        """Add one layer of one forward pass."""
-        if batch.values.shape[2] != self.info.n_kv_heads or batch.weights.shape[1] != self.info.n_heads:
+        """Add one layer of one forward pass (the accumulators live on the CPU: a batch on another
+        device is copied there first)."""
+        weights, values_in = batch.weights.cpu(), batch.values.cpu()
+        if values_in.shape[2] != self.info.n_kv_heads or weights.shape[1] != self.info.n_heads:
             raise InputError(
-                f"layer {batch.layer}: values have {batch.values.shape[2]} key/value heads and weights "
-                f"{batch.weights.shape[1]} heads; the model has {self.info.n_kv_heads} and {self.info.n_heads}"
+                f"layer {batch.layer}: values have {values_in.shape[2]} key/value heads and weights "
+                f"{weights.shape[1]} heads; the model has {self.info.n_kv_heads} and {self.info.n_heads}"
             )
-        check_row_inputs(batch.weights, batch.values)
-        values_kv = batch.values.to(self.dtype)  # [b, L, g, d]
+        check_row_inputs(weights, values_in)
+        values_kv = values_in.to(self.dtype)  # [b, L, g, d]
         values = values_per_head(values_kv, self.kv_head_of)  # [b, h, L, d]
         seq_ids = [int(s) for s in batch.seq_ids.tolist()]
         labels = [self._part_of(s) for s in seq_ids]
@@ -127,7 +129,7 @@ class TaxonomyObserver:
                 batch.layer,
                 q,
                 ns,
-                batch.weights[:, :, qi, :n_keys].to(self.dtype),
+                weights[:, :, qi, :n_keys].to(self.dtype),
                 values[:, :, :n_keys],
                 rho_kv.index_select(1, self.kv_head_of.to(rho_kv.device)),
             )
