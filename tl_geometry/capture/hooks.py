@@ -11,7 +11,7 @@ stopped (the rest of the model, unembedding included, is not run).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol, Sequence
 
 import einops
@@ -20,7 +20,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.core.layouts import resolve_query_positions, values_per_head
-from tl_geometry.errors import ModelError
+from tl_geometry.errors import InputError, ModelError
 from tl_geometry.models import ModelInfo, hook_pattern_name, hook_v_name
 
 
@@ -43,6 +43,20 @@ class LayerBatch:
     query_positions: tuple[int, ...]
     weights: Float[Tensor, "batch head query key"]
     values: Float[Tensor, "batch key kv_head d_head"]
+
+    def cpu(self) -> "LayerBatch":
+        """The same layer with its tensors on the CPU (the same tensors where they are there already), for
+        the observers whose accumulators live on the CPU."""
+        return replace(self, seq_ids=self.seq_ids.cpu(), weights=self.weights.cpu(), values=self.values.cpu())
+
+
+def check_batch_heads(batch: LayerBatch, info: ModelInfo) -> None:
+    """Raise :class:`InputError` unless ``batch`` has the model's query heads and key/value heads."""
+    if batch.values.shape[2] != info.n_kv_heads or batch.weights.shape[1] != info.n_heads:
+        raise InputError(
+            f"layer {batch.layer}: values have {batch.values.shape[2]} key/value heads and weights "
+            f"{batch.weights.shape[1]} heads; the model has {info.n_kv_heads} and {info.n_heads}"
+        )
 
 
 class LayerObserver(Protocol):
@@ -173,6 +187,7 @@ __all__ = [
     "LayerObserver",
     "StopForward",
     "as_kv_values",
+    "check_batch_heads",
     "forward_with_hooks",
     "model_device",
     "resolve_query_positions",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 import pandas as pd
 import torch
 
-from tl_geometry.capture.hooks import LayerBatch
+from tl_geometry.capture.hooks import LayerBatch, check_batch_heads
 from tl_geometry.capture.tables import empty_frame
 from tl_geometry.diagnostics.accumulators import check_same
 from tl_geometry.diagnostics.norms import NORM_COLUMNS, NORM_CURVE_COLUMNS, NormAccumulator
@@ -144,12 +144,8 @@ class DiagnosticsObserver:
     def observe(self, batch: LayerBatch) -> None:
         """Add one layer of one forward pass (the accumulators live on the CPU: a batch on another
         device is copied there first)."""
-        values, weights = batch.values.cpu(), batch.weights.cpu()
-        if values.shape[2] != self.info.n_kv_heads or weights.shape[1] != self.info.n_heads:
-            raise InputError(
-                f"layer {batch.layer}: values have {values.shape[2]} key/value heads and weights "
-                f"{weights.shape[1]} heads; the model has {self.info.n_kv_heads} and {self.info.n_heads}"
-            )
+        batch = batch.cpu()
+        check_batch_heads(batch, self.info)
         q = max(batch.query_positions)
         qi = batch.query_positions.index(q)
         state = self.layers.get(batch.layer)
@@ -164,9 +160,9 @@ class DiagnosticsObserver:
         seen = state.seqs.intersection(ids)
         if seen or len(set(ids)) != len(ids):
             raise InputError(f"layer {batch.layer}: sequences {sorted(seen)[:8] or ids} were already observed")
-        state.norms.update(values)
-        state.similarity.update(values)
-        state.profile.update(weights[:, :, qi, : q + 1])
+        state.norms.update(batch.values)
+        state.similarity.update(batch.values)
+        state.profile.update(batch.weights[:, :, qi, : q + 1])
         state.seqs.update(ids)
 
     def merge(self, other: "DiagnosticsObserver") -> "DiagnosticsObserver":

@@ -14,7 +14,7 @@ from typing import Any, Callable, Hashable, Mapping
 import pandas as pd
 import torch
 
-from tl_geometry.capture.hooks import LayerBatch
+from tl_geometry.capture.hooks import LayerBatch, check_batch_heads
 from tl_geometry.core.checks import check_row_inputs
 from tl_geometry.core.layouts import values_per_head
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
@@ -107,14 +107,10 @@ class TaxonomyObserver:
     def observe(self, batch: LayerBatch) -> None:
         """Add one layer of one forward pass (the accumulators live on the CPU: a batch on another
         device is copied there first)."""
-        weights, values_in = batch.weights.cpu(), batch.values.cpu()
-        if values_in.shape[2] != self.info.n_kv_heads or weights.shape[1] != self.info.n_heads:
-            raise InputError(
-                f"layer {batch.layer}: values have {values_in.shape[2]} key/value heads and weights "
-                f"{weights.shape[1]} heads; the model has {self.info.n_kv_heads} and {self.info.n_heads}"
-            )
-        check_row_inputs(weights, values_in)
-        values_kv = values_in.to(self.dtype)  # [b, L, g, d]
+        batch = batch.cpu()
+        check_batch_heads(batch, self.info)
+        check_row_inputs(batch.weights, batch.values)
+        values_kv = batch.values.to(self.dtype)  # [b, L, g, d]
         values = values_per_head(values_kv, self.kv_head_of)  # [b, h, L, d]
         seq_ids = [int(s) for s in batch.seq_ids.tolist()]
         labels = [self._part_of(s) for s in seq_ids]
@@ -129,7 +125,7 @@ class TaxonomyObserver:
                 batch.layer,
                 q,
                 ns,
-                weights[:, :, qi, :n_keys].to(self.dtype),
+                batch.weights[:, :, qi, :n_keys].to(self.dtype),
                 values[:, :, :n_keys],
                 rho_kv.index_select(1, self.kv_head_of.to(rho_kv.device)),
             )
