@@ -152,19 +152,19 @@ def main() -> None:
     for dtype in (torch.float64, torch.float32):  # numba's start-up and compiles (per dtype), untimed
         for kwargs in (main_job, dict(ns="all", taxonomy=False), dict(ns="log", query_positions="all")):
             tlg.analyze(model, warm, progress=False, dtype=dtype, **kwargs)
-    for _ in range(args.repeat):
-        ratio(model, "run analysis (diagnostics + envelopes + taxonomy + separability, log) / forward [target <= 0.3]",
-              n, args.seq_len, 2, **main_job)  # fmt: skip
-    for _ in range(args.repeat):
-        ratio(model, "  same, --analysis-dtype float32", n, args.seq_len, 2, dtype=torch.float32, **main_job)
-    for _ in range(args.repeat):
-        ratio(model, "separability every N / forward [target <= 0.3]", n, args.seq_len, 2, ns="all", taxonomy=False)
-    for _ in range(args.repeat):
-        ratio(model, "  same, float32 screening", n, args.seq_len, 2, ns="all", taxonomy=False, dtype=torch.float32)
-    # the query engine screens in float32 and decides in float64 (bench_queries.py compares float64 screening)
-    for _ in range(args.repeat):
-        ratio(model, "every query position, 512 tokens, log / forward [target <= 3]", 1, 512, 1,
-              ns="log", taxonomy=False, query_positions="all")  # fmt: skip
+    lines = [  # (label, windows, tokens, batch, analyze's settings), each measured --repeat times in a row
+        ("run analysis (diagnostics + envelopes + taxonomy + separability, log) / forward [target <= 0.3]",
+         n, args.seq_len, 2, main_job),
+        ("  same, --analysis-dtype float32", n, args.seq_len, 2, dict(dtype=torch.float32, **main_job)),
+        ("separability every N / forward [target <= 0.3]", n, args.seq_len, 2, dict(ns="all", taxonomy=False)),
+        ("  same, float32 screening", n, args.seq_len, 2, dict(ns="all", taxonomy=False, dtype=torch.float32)),
+        # the query engine screens in float32 and decides in float64 (bench_queries.py compares float64 screening)
+        ("every query position, 512 tokens, log / forward [target <= 3]", 1, 512, 1,
+         dict(ns="log", taxonomy=False, query_positions="all")),
+    ]  # fmt: skip
+    for label, n_seqs, seq_len, batch_size, kwargs in lines:
+        for _ in range(args.repeat):
+            ratio(model, label, n_seqs, seq_len, batch_size, **kwargs)
     if not args.quick:
         torchrun_ratio(4, 256)
         memory()
