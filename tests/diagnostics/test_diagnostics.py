@@ -536,3 +536,15 @@ def test_too_short_windows_raise_input_errors():
         D.similarity_decay(torch.randn(2, 2, 1, 4))
     with pytest.raises(InputError, match="k_max"):
         D.similarity_decay(torch.randn(2, 8, 1, 4), k_max=0)
+
+
+@pytest.mark.parametrize("observer", ["diagnostics", "taxonomy"])
+@pytest.mark.parametrize("heads, kv_heads", [(5, 2), (6, 3)], ids=["query-heads", "kv-heads"])
+def test_accumulating_observers_refuse_a_batch_of_other_heads(observer, heads, kv_heads):
+    from tl_geometry.taxonomy import TaxonomyObserver
+
+    obs = D.DiagnosticsObserver(INFO) if observer == "diagnostics" else TaxonomyObserver(INFO, ns=[1, 2])
+    weights = torch.softmax(torch.randn(1, heads, 1, 10), dim=-1)
+    batch = LayerBatch(0, torch.tensor([0]), (9,), weights, torch.randn(1, 10, kv_heads, 8))
+    with pytest.raises(InputError, match=f"layer 0: values have {kv_heads} key/value heads and weights {heads} heads"):
+        obs.observe(batch)
