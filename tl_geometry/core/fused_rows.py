@@ -78,12 +78,57 @@ def _first_extreme(x, start, stop, largest):  # pragma: no cover - compiled
     return a0
 
 
-def _extremes(upper, band_key, band_sq, sigma, ns, rank, consts, cosine, i_star, j_star):  # pragma: no cover
+#: The constants of :func:`_first_extreme_of_bits` (int32): the magnitude bits of a float32, the
+#: bits of ``+inf``, the shift of the sign bit, and the smallest int32 (a NaN's key).
+_BITS32 = np.array([0x7FFFFFFF, 0x7F800000, 31, -(2**31)], dtype=np.int32)
+
+
+def _first_extreme_of_bits(bits, start, stop, largest, c):  # pragma: no cover - compiled
+    """:func:`_first_extreme` of float32s given as their bits (int32), in one vectorised pass.
+
+    Each float becomes an int32 in its order (``-0.0`` and ``+0.0`` alike; for the smallest, its
+    complement: the order reversed; a NaN the smallest int32, never taken), shifted into the high
+    half of an int64 whose low half is ``2^32 - 1 - t``: the largest int64 is the extreme at its
+    first position. An integer maximum is exact in any order, so LLVM vectorises the loop (the
+    four-lane float loop has one dependent comparison per lane). The loop runs over a slice from
+    0: no index can be negative, which would stop LLVM vectorising it."""
+    magnitude_bits, inf_bits, shift, nan_key = c[0], c[1], c[2], c[3]
+    x = bits[start:stop]
+    if (x[0] & magnitude_bits) > inf_bits:  # a NaN at start: no comparison with it is true
+        return start
+    best = np.int64(-1) << 63
+    for t in range(x.shape[0]):
+        b = x[t]
+        magnitude = b & magnitude_bits
+        key = b ^ ((b >> shift) & magnitude_bits)
+        key = key if magnitude != 0 else magnitude  # -0.0 as +0.0
+        if not largest:
+            key = ~key
+        key = key if magnitude <= inf_bits else nan_key
+        packed = (np.int64(key) << 32) | np.int64(0xFFFFFFFF - t)
+        best = packed if packed > best else best
+    return start + (0xFFFFFFFF - (best & 0xFFFFFFFF))
+
+
+def _extreme(x, bits, start, stop, largest, c):  # pragma: no cover - compiled
+    """:func:`_first_extreme` of ``x[start:stop]``; from ``bits`` (``x`` as int32) where ``x`` is float32."""
+    if bits.shape[0] > 0:
+        return _first_extreme_of_bits(bits, start, stop, largest, c)
+    return _first_extreme(x, start, stop, largest)
+
+
+def _extremes(
+    upper, upper_bits, band_key, band_sq, sigma, ns, rank, consts, c, cosine, i_star, j_star
+):  # pragma: no cover
     n_batch, n_sizes, n_keys = upper.shape
     n_draws = n_batch // band_key.shape[0]
     ranked = rank.shape[0] > 0  # keys in key order, each at its selection position rank[b, t]
+    as_bits = upper_bits.shape[0] > 0  # float32: the extremes from the bits
     lower = np.empty(n_keys, dtype=upper.dtype)  # one cell's M, in selection order
     cell = np.empty(n_keys, dtype=upper.dtype)  # one cell's P gathered into selection order (ranked)
+    no_bits = np.empty(0, dtype=upper_bits.dtype)
+    lower_bits = lower.view(upper_bits.dtype) if as_bits else no_bits
+    cell_bits = cell.view(upper_bits.dtype) if as_bits else no_bits
     key_at = np.empty(n_keys, dtype=np.int64)  # the key at each selection position (ranked)
     key_bands = np.empty((2, n_keys), dtype=band_key.dtype)  # the bands in selection order (ranked)
     for b in range(n_batch):
@@ -100,18 +145,19 @@ def _extremes(upper, band_key, band_sq, sigma, ns, rank, consts, cosine, i_star,
         for g in range(n_sizes):
             n = ns[g]
             neg_two_sigma = consts[0] * sigma[b, g]
-            x = upper[b, g]
+            x, x_bits = upper[b, g], upper_bits[b, g] if as_bits else no_bits
+            start = min(n, n_keys - 1)
             if ranked:  # gathered, so that I_N is the first N positions here too
                 for position in range(n_keys):
                     cell[position] = x[key_at[position]]
-                x = cell
+                x, x_bits = cell, cell_bits
             if cosine:
-                i_star[b, g] = _first_extreme(x, 0, n, True)
+                i_star[b, g] = _extreme(x, x_bits, 0, n, True, c)
             else:
                 for t in range(n):  # M of the in-keys, then its first largest
                     lower[t] = _lower(x[t], neg_two_sigma, bands[t], bands_sq[t], cosine)
-                i_star[b, g] = _first_extreme(lower, 0, n, True)
-            j_star[b, g] = _first_extreme(x, min(n, n_keys - 1), n_keys, False)
+                i_star[b, g] = _extreme(lower, lower_bits, 0, n, True, c)
+            j_star[b, g] = _extreme(x, x_bits, start, n_keys, False, c)
 
 
 def _counts(upper, band_key, band_sq, sigma, ns, thresholds, consts, cosine, k_out, k_in, unsure):  # pragma: no cover
@@ -197,6 +243,8 @@ if AVAILABLE:
     _lower = numba.njit(cache=True, inline="always")(_lower)
     _beats = numba.njit(cache=True, inline="always")(_beats)
     _first_extreme = numba.njit(cache=True, inline="always")(_first_extreme)
+    _first_extreme_of_bits = numba.njit(cache=True, inline="always")(_first_extreme_of_bits)
+    _extreme = numba.njit(cache=True, inline="always")(_extreme)
     _compiled_extremes = numba.njit(cache=True, nogil=True)(_extremes)
     _compiled_counts = numba.njit(cache=True, nogil=True)(_counts)
     _compiled_ordered_rows = numba.njit(cache=True, nogil=True)(_ordered_rows)
@@ -300,9 +348,11 @@ def extremes(
         raise RuntimeError("the fused decisions need numba: pip install numba, or use kernel='torch'")
     consts = np.array([-2.0], dtype=upper.dtype)
     rank = np.empty((0, 0), dtype=np.int64) if rank is None else rank
+    # float32 bounds: their extremes from their bits (one vectorised pass); else the float loop
+    bits = upper.view(np.int32) if upper.dtype == np.float32 else np.empty((0, 0, 0), dtype=np.int32)
     i_star = np.empty(sigma.shape, dtype=np.int64)
     j_star = np.empty(sigma.shape, dtype=np.int64)
-    _compiled_extremes(upper, band_key, band_sq, sigma, ns, rank, consts, cosine, i_star, j_star)
+    _compiled_extremes(upper, bits, band_key, band_sq, sigma, ns, rank, consts, _BITS32, cosine, i_star, j_star)
     return i_star, j_star
 
 
