@@ -145,10 +145,10 @@ class _Keys:
     """A block of rows and draws in selection order, ready to screen.
 
     ``y`` [r, K, d] and ``order`` [r, draws, K] as given; ``centers`` [B, G, d] float64; the
-    screen's operand [B, d (+1), K] (the contributions in selection order, feature-major, and for
-    the Euclidean distance the band row ``2 c ||y_t||``); ``bias`` [B, 1, K] (``(1 + c) ||y_t||^2``,
-    or ``||y_t||`` for the cosine); ``band_key``, ``band_sq`` [B, 1, K] (``2 c ||y_t||``,
-    ``2 c ||y_t||^2``).
+    screen's operand [B, d (+2), K] (the contributions in selection order, feature-major, and for
+    the Euclidean distance the band row ``2 c ||y_t||`` and the bias row); ``bias`` [B, 1, K]
+    (``(1 + c) ||y_t||^2``, or ``||y_t||`` for the cosine); ``band_key``, ``band_sq`` [B, 1, K]
+    (``2 c ||y_t||``, ``2 c ||y_t||^2``).
 
     With ``rank`` ([B, K], each key's selection position: the compiled kernel's draws) the keys
     stay in key order and the draws of a row share its operand, bias and bands ([r, ...]): one
@@ -180,24 +180,24 @@ class _Keys:
             rank = torch.empty(n_batch, n_keys, dtype=torch.int64, device=device)
             y_np, order_np = y.contiguous().numpy(), order.contiguous().numpy()
             fused_rows.ordered_rows(y_np, order_np, ns.numpy(), centers.numpy(), rank=rank.numpy())
-            operand = WORKSPACE.get("operand", (n_rows, dim + int(euclidean), n_keys), screen, device)
+            operand = WORKSPACE.get("operand", (n_rows, dim + 2 * int(euclidean), n_keys), screen, device)
             operand[:, :dim] = einops.rearrange(y, "r k d -> r d k")
             sq = key_sq[:, None, :]
             if euclidean:
                 band_key = (2 * coef * sq.sqrt()).to(screen)
-                operand[:, dim] = band_key[:, 0]
                 bias, band_sq = ((1 + coef) * sq).to(screen), (2 * coef * sq).to(screen)
+                operand[:, dim], operand[:, dim + 1] = band_key[:, 0], bias[:, 0]
             else:
                 bias = band_key = band_sq = sq.sqrt().to(screen)
             return cls(y, order, centers, distance, screen, coef, operand, bias, band_key, band_sq, rank)
         if fused:  # one compiled walk of each order: the operand (key-major) and the centres
-            operand = WORKSPACE.get("operand", (n_batch, n_keys, dim + int(euclidean)), screen, device)
+            operand = WORKSPACE.get("operand", (n_batch, n_keys, dim + 2 * int(euclidean)), screen, device)
             centers = torch.empty(n_batch, ns.shape[0], dim, dtype=y.dtype, device=device)
             y_np, order_np = y.contiguous().numpy(), order.contiguous().numpy()
             fused_rows.ordered_rows(y_np, order_np, ns.numpy(), centers.numpy(), operand=operand.numpy())
             operand = einops.rearrange(operand, "b k d -> d b k")  # a view, as the torch path's layout
         else:
-            operand = WORKSPACE.get("operand", (dim + int(euclidean), n_batch, n_keys), screen, device)
+            operand = WORKSPACE.get("operand", (dim + 2 * int(euclidean), n_batch, n_keys), screen, device)
             # the contributions in selection order, feature-major [d, B, K]: a fast running sum along K
             # (2-D transposes: much faster than a copy of the permuted 3-D tensor)
             source = y.reshape(-1, dim).t().contiguous().view(dim, n_rows, 1, n_keys)
@@ -209,8 +209,8 @@ class _Keys:
         sq = torch.gather(key_sq[:, None, :].expand_as(order), -1, order).view(n_batch, 1, n_keys)
         if euclidean:
             band_key = (2 * coef * sq.sqrt()).to(screen)
-            operand[dim] = band_key[:, 0]
             bias, band_sq = ((1 + coef) * sq).to(screen), (2 * coef * sq).to(screen)
+            operand[dim], operand[dim + 1] = band_key[:, 0], bias[:, 0]
         else:  # a constant band, folded into the thresholds
             bias = band_key = band_sq = sq.sqrt().to(screen)
         operand = einops.rearrange(operand, "d b k -> b d k")
@@ -354,9 +354,11 @@ def _upper(keys: _Keys, s: Tensor, sigma: Tensor, eps: Tensor) -> Tensor:
     n_operands = keys.operand.shape[0]
     per_operand = upper.view(n_operands, -1, shape[-1])
     if keys.distance == "euclidean":
-        s_screen = torch.cat([(-2 * s).to(keys.screen), sigma.to(keys.screen)[..., None]], dim=-1)
-        s_screen = s_screen.view(n_operands, -1, s_screen.shape[-1])
-        torch.baddbmm(keys.bias, s_screen, keys.operand, out=per_operand)  # E + c ||y||^2 + 2 c ||y|| ||s||
+        # against the operand's rows y, 2 c ||y|| and (1 + c) ||y||^2: E + c ||y||^2 + 2 c ||y|| ||s||
+        # (the bias as one more term of the product: baddbmm's broadcast bias took a third longer)
+        one = torch.ones_like(sigma, dtype=keys.screen)[..., None]
+        s_screen = torch.cat([(-2 * s).to(keys.screen), sigma.to(keys.screen)[..., None], one], dim=-1)
+        torch.bmm(s_screen.view(n_operands, -1, s_screen.shape[-1]), keys.operand, out=per_operand)
         return upper
     torch.bmm((-s).to(keys.screen).view(n_operands, -1, s.shape[-1]), keys.operand, out=per_operand)  # -<y, s>
     norm = sigma.to(keys.screen).view(n_operands, -1)[..., None]
@@ -474,7 +476,7 @@ def _thresholds(keys: _Keys, radius: Tensor, sigma: Tensor) -> tuple[Tensor, Ten
     if keys.distance == "euclidean":
         threshold = radius * radius - sigma * sigma
         square = torch.where(torch.isinf(radius), 0.0, radius * radius) + 2 * sigma * sigma
-        margin = (2 * keys.operand.shape[1] + 24) * _U64 * square + 2.0**-120
+        margin = (2 * (keys.y.shape[-1] + 1) + 24) * _U64 * square + 2.0**-120
     else:
         threshold = radius - 1
         margin = torch.full_like(radius, keys.coef)
