@@ -2,7 +2,9 @@
 
 On the engines' row shapes (SmolLM2: 9 heads; a block of the query engine's rows with ``-inf``
 padding, the last query of 270 heads, the random control's 16 draws per row), prints the best of
-``--repeat`` calls of each, their ratio, and that both give the same permutation.
+``--repeat`` calls of each, their ratio, and that both give the same permutation; then the random
+control's scores (``uniform_bits``: the compiled hash against the tensor hash, the same bits) and
+orders (``uniform_order``) for one layer's 9 rows x 16 draws.
 
 Run:  OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_selection_order.py
 """
@@ -15,7 +17,7 @@ import time
 
 import torch
 
-from tl_geometry.core.rankings import selection_order
+from tl_geometry.core.rankings import default_row_keys, selection_order, uniform_bits, uniform_order
 
 
 def best_of(repeat: int, function, *args) -> float:
@@ -58,6 +60,18 @@ def main() -> None:
             f"ratio {ours / torch_s:.2f}; same permutation: {same}  (load {os.getloadavg()[0]:.2f})",
             flush=True,
         )
+    keys, n_keys, draws = default_row_keys((9,), torch.device("cpu")), 1024, 16
+    tensors = best_of(args.repeat, lambda k: uniform_bits(k, n_keys, draws, compiled=False), keys)
+    compiled = best_of(args.repeat, lambda k: uniform_bits(k, n_keys, draws, compiled=True), keys)
+    same = torch.equal(
+        uniform_bits(keys, n_keys, draws, compiled=True), uniform_bits(keys, n_keys, draws, compiled=False)
+    )
+    orders = best_of(args.repeat, lambda k: uniform_order(k, n_keys, draws), keys)
+    print(
+        f"the random control's scores, 9 rows x {draws} draws x {n_keys} keys: tensor hash {tensors * 1e3:.2f} ms, "
+        f"compiled hash {compiled * 1e3:.2f} ms, the same bits: {same}; uniform_order {orders * 1e3:.2f} ms  "
+        f"(load {os.getloadavg()[0]:.2f})"
+    )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tl_geometry.core import rankings
+from tl_geometry.core import fused, rankings
 from tl_geometry.errors import InputError
 
 MASK = (1 << 64) - 1
@@ -76,6 +76,31 @@ def test_uniform_order_is_the_stable_order_of_the_uniform_scores(n_keys, draws, 
     keys = rankings.row_keys(seq=torch.tensor([seq, seq + 1]), layer=1, head=2, query_pos=n_keys - 1)
     expected = rankings.selection_order(rankings.uniform_scores(keys, n_keys, draws, seed))
     assert torch.equal(rankings.uniform_order(keys, n_keys, draws, seed), expected)
+
+
+@pytest.mark.skipif(not fused.AVAILABLE, reason="numba is not installed")
+@given(
+    n_keys=st.sampled_from([1, 2, 7, 64, 1023, 1024, 1025]),
+    draws=st.integers(1, 4),
+    seed=st.integers(0, 2**63 - 1),
+    seq=st.integers(-(2**40), 2**40),
+)
+@settings(max_examples=30, deadline=None)
+def test_compiled_uniform_bits_are_the_tensor_hash(n_keys, draws, seed, seq):
+    """The one-pass unsigned hash gives the bits of the tensor SplitMix64, keys of either sign."""
+    keys = rankings.row_keys(seq=torch.tensor([seq, seq + 1, -seq]), layer=3, head=torch.arange(2)[:, None])
+    compiled = rankings.uniform_bits(keys, n_keys, draws, seed, compiled=True)
+    assert torch.equal(compiled, rankings.uniform_bits(keys, n_keys, draws, seed, compiled=False))
+    assert compiled.shape == (2, 3, draws, n_keys) and int(compiled.min()) >= 0 and int(compiled.max()) < 2**53
+
+
+def test_compiled_uniform_bits_off_the_cpu_is_refused():
+    """``compiled=True`` where the compiled hash cannot run (here: a meta tensor) names the tensor
+    hash instead of failing inside numpy; the default takes the tensor hash there."""
+    keys = torch.zeros(2, dtype=torch.int64, device="meta")
+    with pytest.raises(InputError, match="use compiled=False"):
+        rankings.uniform_bits(keys, 5, 2, compiled=True)
+    assert rankings.uniform_bits(keys, 5, 2).device.type == "meta"
 
 
 @pytest.mark.parametrize("n_keys", [5, 100, 1024])

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from tl_geometry.core import stable_order
 from tl_geometry.core.checks import typechecked
+from tl_geometry.core.fused import AVAILABLE, use_compiled
 from tl_geometry.core.ranking_checks import (
     DEFAULT_N_RANDOM,
     DETERMINISTIC_RANKINGS,
@@ -54,6 +55,9 @@ from tl_geometry.core.ranking_checks import (
     seed_word,
 )
 from tl_geometry.errors import InputError
+
+if AVAILABLE:  # whether numba imports is decided once, in fused.py; without it: the tensor hash
+    import numba
 
 #: The constant in the cosine distance ``1 - <y, s> / (||y|| ||s|| + COSINE_EPS)`` (definitions §7).
 COSINE_EPS = 1e-12
@@ -127,13 +131,47 @@ def uniform_scores(
 
 
 def uniform_bits(
-    keys: Int[Tensor, "*batch"], n_keys: int, draws: int = 1, seed: int = 0
+    keys: Int[Tensor, "*batch"], n_keys: int, draws: int = 1, seed: int = 0, *, compiled: bool | None = None
 ) -> Int[Tensor, "*batch draw k"]:
-    """The 53-bit integers of :func:`uniform_scores` (``u = bits / 2^53``, exactly), int64."""
+    """The 53-bit integers of :func:`uniform_scores` (``u = bits / 2^53``, exactly), int64.
+
+    ``compiled`` (None: where numba imports, on the CPU): the hash of every key in one compiled
+    pass (unsigned 64-bit arithmetic) instead of about ten tensor passes; the same bits. True
+    where that cannot run raises :class:`InputError`."""
     device = keys.device
     per_draw = mix(seed_word(seed), keys[..., None], torch.arange(draws, device=device))  # [*batch, R]
+    if use_compiled(compiled, per_draw, reference="the tensor hash"):
+        out = np.empty((*per_draw.shape, n_keys), dtype=np.int64)
+        _compiled_uniform_bits(per_draw.reshape(-1).numpy().view(np.uint64), out.reshape(-1, n_keys).view(np.uint64))
+        return torch.from_numpy(out)
     bits = splitmix64(per_draw[..., None] ^ torch.arange(n_keys, device=device))  # [*batch, R, K]
     return _shift_right(bits, 11)
+
+
+# SplitMix64's constants and shifts as unsigned words, for the compiled pass (numba turns mixed
+# signed and unsigned integer arithmetic into floats)
+_U_GOLDEN, _U_MIX1, _U_MIX2 = (
+    np.uint64(0x9E3779B97F4A7C15),
+    np.uint64(0xBF58476D1CE4E5B9),
+    np.uint64(0x94D049BB133111EB),
+)
+_U30, _U27, _U31, _U11 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(11)
+
+
+def _uniform_bits(per_draw, out):  # pragma: no cover - compiled
+    """``out[b, i] = splitmix64(per_draw[b] ^ i) >> 11`` in uint64: :func:`splitmix64` word by word."""
+    for b in range(out.shape[0]):
+        h = per_draw[b]
+        for i in range(out.shape[1]):
+            z = (h ^ np.uint64(i)) + _U_GOLDEN
+            z = (z ^ (z >> _U30)) * _U_MIX1
+            z = (z ^ (z >> _U27)) * _U_MIX2
+            out[b, i] = (z ^ (z >> _U31)) >> _U11
+
+
+_compiled_uniform_bits: Any = None
+if AVAILABLE:
+    _compiled_uniform_bits = numba.njit(cache=True, nogil=True)(_uniform_bits)
 
 
 #: Bits of :func:`uniform_bits`.
