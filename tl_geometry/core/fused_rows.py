@@ -78,12 +78,13 @@ def _first_extreme(x, start, stop, largest):  # pragma: no cover - compiled
     return a0
 
 
-#: The constants of :func:`_first_extreme_of_bits` (int32): the magnitude bits of a float32, the
+#: The int32 constants of :func:`_first_extreme_of_bits`: the magnitude bits of a float32, the
 #: bits of ``+inf``, the shift of the sign bit, and the smallest int32 (a NaN's key).
-_BITS32 = np.array([0x7FFFFFFF, 0x7F800000, 31, -(2**31)], dtype=np.int32)
+_MAGNITUDE32, _INF_BITS32 = np.int32(0x7FFFFFFF), np.int32(0x7F800000)
+_SIGN_SHIFT32, _NAN_KEY32 = np.int32(31), np.int32(-(2**31))
 
 
-def _first_extreme_of_bits(bits, start, stop, largest, c):  # pragma: no cover - compiled
+def _first_extreme_of_bits(bits, start, stop, largest):  # pragma: no cover - compiled
     """:func:`_first_extreme` of float32s given as their bits (int32), in one vectorised pass.
 
     Each float becomes an int32 in its order (``-0.0`` and ``+0.0`` alike; for the smallest, its
@@ -92,33 +93,32 @@ def _first_extreme_of_bits(bits, start, stop, largest, c):  # pragma: no cover -
     first position. An integer maximum is exact in any order, so LLVM vectorises the loop (the
     four-lane float loop has one dependent comparison per lane). The loop runs over a slice from
     0: no index can be negative, which would stop LLVM vectorising it."""
-    magnitude_bits, inf_bits, shift, nan_key = c[0], c[1], c[2], c[3]
     x = bits[start:stop]
-    if (x[0] & magnitude_bits) > inf_bits:  # a NaN at start: no comparison with it is true
+    if (x[0] & _MAGNITUDE32) > _INF_BITS32:  # a NaN at start: no comparison with it is true
         return start
     best = np.int64(-1) << 63
     for t in range(x.shape[0]):
         b = x[t]
-        magnitude = b & magnitude_bits
-        key = b ^ ((b >> shift) & magnitude_bits)
+        magnitude = b & _MAGNITUDE32
+        key = b ^ ((b >> _SIGN_SHIFT32) & _MAGNITUDE32)
         key = key if magnitude != 0 else magnitude  # -0.0 as +0.0
         if not largest:
             key = ~key
-        key = key if magnitude <= inf_bits else nan_key
+        key = key if magnitude <= _INF_BITS32 else _NAN_KEY32
         packed = (np.int64(key) << 32) | np.int64(0xFFFFFFFF - t)
         best = packed if packed > best else best
     return start + (0xFFFFFFFF - (best & 0xFFFFFFFF))
 
 
-def _extreme(x, bits, start, stop, largest, c):  # pragma: no cover - compiled
+def _extreme(x, bits, start, stop, largest):  # pragma: no cover - compiled
     """:func:`_first_extreme` of ``x[start:stop]``; from ``bits`` (``x`` as int32) where ``x`` is float32."""
     if bits.shape[0] > 0:
-        return _first_extreme_of_bits(bits, start, stop, largest, c)
+        return _first_extreme_of_bits(bits, start, stop, largest)
     return _first_extreme(x, start, stop, largest)
 
 
 def _extremes(
-    upper, upper_bits, band_key, band_sq, sigma, ns, rank, consts, c, cosine, i_star, j_star
+    upper, upper_bits, band_key, band_sq, sigma, ns, rank, consts, cosine, i_star, j_star
 ):  # pragma: no cover
     n_batch, n_sizes, n_keys = upper.shape
     n_draws = n_batch // band_key.shape[0]
@@ -152,12 +152,12 @@ def _extremes(
                     cell[position] = x[key_at[position]]
                 x, x_bits = cell, cell_bits
             if cosine:
-                i_star[b, g] = _extreme(x, x_bits, 0, n, True, c)
+                i_star[b, g] = _extreme(x, x_bits, 0, n, True)
             else:
                 for t in range(n):  # M of the in-keys, then its first largest
                     lower[t] = _lower(x[t], neg_two_sigma, bands[t], bands_sq[t], cosine)
-                i_star[b, g] = _extreme(lower, lower_bits, 0, n, True, c)
-            j_star[b, g] = _extreme(x, x_bits, start, n_keys, False, c)
+                i_star[b, g] = _extreme(lower, lower_bits, 0, n, True)
+            j_star[b, g] = _extreme(x, x_bits, start, n_keys, False)
 
 
 def _counts(upper, band_key, band_sq, sigma, ns, thresholds, consts, cosine, k_out, k_in, unsure):  # pragma: no cover
@@ -352,7 +352,7 @@ def extremes(
     bits = upper.view(np.int32) if upper.dtype == np.float32 else np.empty((0, 0, 0), dtype=np.int32)
     i_star = np.empty(sigma.shape, dtype=np.int64)
     j_star = np.empty(sigma.shape, dtype=np.int64)
-    _compiled_extremes(upper, bits, band_key, band_sq, sigma, ns, rank, consts, _BITS32, cosine, i_star, j_star)
+    _compiled_extremes(upper, bits, band_key, band_sq, sigma, ns, rank, consts, cosine, i_star, j_star)
     return i_star, j_star
 
 
