@@ -149,12 +149,8 @@ def uniform_bits(
 
 
 # SplitMix64's constants and shifts as unsigned words, for the compiled pass (numba turns mixed
-# signed and unsigned integer arithmetic into floats)
-_U_GOLDEN, _U_MIX1, _U_MIX2 = (
-    np.uint64(0x9E3779B97F4A7C15),
-    np.uint64(0xBF58476D1CE4E5B9),
-    np.uint64(0x94D049BB133111EB),
-)
+# signed and unsigned integer arithmetic into floats): the same bits as the int64 constants above
+_U_GOLDEN, _U_MIX1, _U_MIX2 = np.array([_GOLDEN, _MIX1, _MIX2], dtype=np.int64).view(np.uint64)
 _U30, _U27, _U31, _U11 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(11)
 
 
