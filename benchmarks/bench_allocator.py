@@ -21,8 +21,7 @@ import torch
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    from bench_scale import forward_seconds
-    from roofline import add_allocator_flag, allocator_line
+    from roofline import add_allocator_flag, allocator_line, forward_seconds
 
     add_allocator_flag(parser)
     args = parser.parse_args()

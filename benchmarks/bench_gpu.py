@@ -23,6 +23,7 @@ import os
 import time
 
 import torch
+from roofline import forward_seconds
 
 #: (hidden, heads, key/value heads, layers, intermediate) of the shapes this benchmark builds.
 SHAPES = {"smollm2": (576, 9, 3, 30, 1536), "7b": (4096, 32, 32, 32, 11008)}
@@ -53,23 +54,6 @@ def random_llama(shape: str, n_layers: int | None, device: str, dtype: torch.dty
     return TransformerBridge.boot_transformers(f"random-llama-{shape}", hf_model=hf, tokenizer=tok)
 
 
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def forward_seconds(model, tokens: torch.Tensor, device: str) -> float:
-    best = float("inf")
-    with torch.inference_mode():
-        for _ in range(3):
-            synchronize(device)
-            start = time.perf_counter()
-            model(tokens.to(device))
-            synchronize(device)
-            best = min(best, time.perf_counter() - start)
-    return best
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -94,7 +78,7 @@ def main() -> None:
         tokens = torch.randint(3, 259, (args.n_seqs, args.seq_len), generator=torch.Generator().manual_seed(0))
         main_job = dict(diagnostics=True, bounds=True, taxonomy=True, ns="log", progress=False)
         tlg.analyze(model, tokens[:, :64], **main_job)  # numba's kernels and the CUDA context, untimed
-        forward = forward_seconds(model, tokens, args.device)
+        forward = forward_seconds(model, tokens, batch_size=args.n_seqs, repeats=3)
         result = tlg.analyze(model, tokens, batch_size=args.n_seqs, **main_job)
         analysis = result.timings["analysis_s"]
         print(
@@ -104,7 +88,7 @@ def main() -> None:
         )
         if args.query_len:
             short = tokens[:1, : args.query_len]
-            forward = forward_seconds(model, short, args.device)
+            forward = forward_seconds(model, short, repeats=3)
             result = tlg.analyze(model, short, ns="log", query_positions="all", taxonomy=False, progress=False)
             analysis = result.timings["analysis_s"]
             print(

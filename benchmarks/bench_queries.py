@@ -28,35 +28,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-
-
-def synchronize() -> None:
-    """Wait for the GPU's queued work (a no-op on the CPU), so that the timers see all of it."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def forward_seconds(model, tokens: torch.Tensor) -> float:
-    """Plain forward over all windows, one at a time: per window, the best of two passes."""
-    total = 0.0
-    tokens = tokens.to(next(model.parameters()).device)
-    with torch.inference_mode():
-        model(tokens[:1, :8])  # warm-up
-        for b in range(tokens.shape[0]):
-            best = float("inf")
-            for _ in range(2):
-                synchronize()
-                start = time.perf_counter()
-                model(tokens[b : b + 1])
-                synchronize()
-                best = min(best, time.perf_counter() - start)
-            total += best
-    return total
+from roofline import forward_seconds  # one window at a time, the best of two passes each
 
 
 def analysis_seconds(model, tokens: torch.Tensor, kernel: str = "auto", **kwargs) -> tuple[float, int]:

@@ -38,32 +38,9 @@ import time
 from pathlib import Path
 
 import torch
+from roofline import forward_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def synchronize() -> None:
-    """Wait for the GPU's queued work (a no-op on the CPU), so that the timers see all of it."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def forward_seconds(model, tokens: torch.Tensor, batch_size: int) -> float:
-    """Plain forward over all windows: per batch, the best of two passes."""
-    total = 0.0
-    tokens = tokens.to(next(model.parameters()).device)
-    with torch.inference_mode():
-        model(tokens[:1, :8])  # warm-up
-        for b0 in range(0, tokens.shape[0], batch_size):
-            best = float("inf")
-            for _ in range(2):
-                synchronize()
-                start = time.perf_counter()
-                model(tokens[b0 : b0 + batch_size])
-                synchronize()
-                best = min(best, time.perf_counter() - start)
-            total += best
-    return total
 
 
 def ratio(model, name: str, n_seqs: int, seq_len: int, batch_size: int, **kwargs) -> float:

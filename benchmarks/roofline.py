@@ -4,7 +4,9 @@ measured matrix-product throughput (a roofline).
 Every metric of a row needs ``<v_i, s(N)>`` for each key ``i`` and size ``N`` of its grid: ``K G d``
 multiply-adds per row (``G`` sizes, ``d`` value dimensions), and ``D`` times that for ``D`` random
 draws. No engine can do less than these products; the floor is their count over the throughput of
-one large float64 (or float32) matrix product on the same threads.
+one large float64 (or float32) matrix product on the same threads. The denominator of every
+ratio, the plain forward pass, is timed here too (:func:`forward_seconds`), one copy for every
+benchmark.
 """
 
 from __future__ import annotations
@@ -15,6 +17,31 @@ import time
 import torch
 
 from tl_geometry.core.sizes import log_spaced_ns
+
+
+def synchronize() -> None:
+    """Wait for the GPU's queued work (a no-op on the CPU), so that the timers see all of it."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def forward_seconds(model, tokens: torch.Tensor, batch_size: int = 1, repeats: int = 2) -> float:
+    """Plain forward over all windows, ``batch_size`` at a time: per batch, the best of ``repeats``
+    passes (after an untimed 8-token warm-up), summed; the tokens go to the model's device first."""
+    total = 0.0
+    tokens = tokens.to(next(model.parameters()).device)
+    with torch.inference_mode():
+        model(tokens[:1, :8])  # warm-up
+        for b0 in range(0, tokens.shape[0], batch_size):
+            best = float("inf")
+            for _ in range(repeats):
+                synchronize()
+                start = time.perf_counter()
+                model(tokens[b0 : b0 + batch_size])
+                synchronize()
+                best = min(best, time.perf_counter() - start)
+            total += best
+    return total
 
 
 def matmul_macs_per_second(dtype: torch.dtype, size: int = 512, repeats: int = 5) -> float:
