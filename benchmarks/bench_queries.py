@@ -15,7 +15,8 @@ of the embedded CPython documentation corpus, log grid of ``N``, attention ranki
    (``--no-old-way`` skips it);
 3. separability for every ``N`` and the random control (16 draws, log grid), last query of
    ``--last-query-len`` tokens (default 1024) / forward, with the per-row engine's torch screen
-   (before) and its compiled passes (after), each with its floor [targets <= 0.3].
+   (before) and its compiled passes (after), each with its floors at the float64 and the float32
+   matmul throughputs (the per-row engine screens in float32) [targets <= 0.3].
 
 "forward" is the model's plain forward pass over the same windows (no hooks), the best of two;
 "analysis" is the time inside the hooks (``AnalysisResult.timings['analysis_s']``).
@@ -44,8 +45,9 @@ def analysis_seconds(model, tokens: torch.Tensor, kernel: str = "auto", **kwargs
     return result.timings["analysis_s"], len(result.separability)
 
 
-def last_query_lines(model, seq_len: int, rate: float) -> None:
-    """Every N and the random control on one window's last query, each with its floor."""
+def last_query_lines(model, seq_len: int, rate: float, rate32: float) -> None:
+    """Every N and the random control on one window's last query, each with its floors: the products
+    at the float64 rate (``rate``) and at the float32 rate of their screen (``rate32``)."""
     from roofline import floor_line, last_query_macs
 
     import tl_geometry as tlg
@@ -65,8 +67,12 @@ def last_query_lines(model, seq_len: int, rate: float) -> None:
         both, _ = analysis_seconds(model, tokens, kernel, rank_by=("attention", "random"), n_random=16)
         print(f"random control (16 draws, log grid), {when}: adds {both - attention:.2f}s / forward {forward:.2f}s = "
               f"{(both - attention) / forward:.2f} [target <= 0.3]  (load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
-    print(floor_line("every N", last_query_macs(seq_len, rows, info.d_head, seq_len), rate, forward))
-    print(floor_line("the random control", last_query_macs(seq_len, rows, info.d_head, grid, 16), rate, forward))
+    for name, macs in (
+        ("every N", last_query_macs(seq_len, rows, info.d_head, seq_len)),
+        ("the random control", last_query_macs(seq_len, rows, info.d_head, grid, 16)),
+    ):
+        print(floor_line(f"{name} (float64)", macs, rate, forward))
+        print(floor_line(f"{name} (float32 screen)", macs, rate32, forward))
 
 
 def main() -> None:
@@ -140,7 +146,7 @@ def main() -> None:
     print(floor_line("every query position (float32 screen)", macs, rate32, forward))
     print(f"  the fused pass is {after / (macs / rate32):.1f} x its float32 floor, "
           f"{after / (macs / rate):.1f} x the float64 one", flush=True)  # fmt: skip
-    last_query_lines(model, args.last_query_len, rate)
+    last_query_lines(model, args.last_query_len, rate, rate32)
     if args.no_old_way:
         print(f"load average at the end {os.getloadavg()[0]:.1f}")
         return
