@@ -25,9 +25,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, nargs="+", default=[3, 15])
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
-    from bench_query_layer import best_of
     from captured_layers import smollm2_layers
-    from roofline import cpu_line
+    from roofline import best_of, cpu_line
 
     from tl_geometry.core.sizes import resolve_ns
     from tl_geometry.models import kv_head_index

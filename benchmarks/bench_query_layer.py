@@ -17,19 +17,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import torch
-
-
-def best_of(repeat: int, function, *args, **kwargs):
-    """The best wall time of ``repeat`` calls of ``function(*args, **kwargs)``, and its result."""
-    best, result = float("inf"), None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = function(*args, **kwargs)
-        best = min(best, time.perf_counter() - start)
-    return best, result
 
 
 def main() -> None:
@@ -43,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from captured_layers import smollm2_layers
-    from roofline import cpu_line
+    from roofline import best_of, cpu_line
 
     from tl_geometry.core.query_engine import separability_queries
 

@@ -26,9 +26,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
 
-    from bench_query_layer import best_of
     from captured_layers import smollm2_layers
-    from roofline import cpu_line
+    from roofline import best_of, cpu_line
 
     import tl_geometry as tlg
     from tl_geometry.models import kv_head_index

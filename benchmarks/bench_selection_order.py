@@ -13,21 +13,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import torch
+from roofline import best_of
 
 from tl_geometry.core.rankings import default_row_keys, selection_order, uniform_bits, uniform_order
-
-
-def best_of(repeat: int, function, *args) -> float:
-    function(*args)
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        function(*args)
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def rows(n_rows: int, n_keys: int, generator: torch.Generator) -> torch.Tensor:
@@ -53,20 +43,22 @@ def main() -> None:
     ):
         scores = rows(n_rows, n_keys, generator)
         same = torch.equal(selection_order(scores), torch.argsort(scores, dim=-1, descending=True, stable=True))
-        torch_s = best_of(args.repeat, lambda s: torch.argsort(s, dim=-1, descending=True, stable=True), scores)
-        ours = best_of(args.repeat, selection_order, scores)
+        torch_s = best_of(
+            args.repeat, lambda s: torch.argsort(s, dim=-1, descending=True, stable=True), scores, warm_up=True
+        )[0]
+        ours = best_of(args.repeat, selection_order, scores, warm_up=True)[0]
         print(
             f"{name}: torch stable argsort {torch_s * 1e3:.2f} ms, selection_order {ours * 1e3:.2f} ms, "
             f"ratio {ours / torch_s:.2f}; same permutation: {same}  (load {os.getloadavg()[0]:.2f})",
             flush=True,
         )
     keys, n_keys, draws = default_row_keys((9,), torch.device("cpu")), 1024, 16
-    tensors = best_of(args.repeat, lambda k: uniform_bits(k, n_keys, draws, compiled=False), keys)
-    compiled = best_of(args.repeat, lambda k: uniform_bits(k, n_keys, draws, compiled=True), keys)
+    tensors = best_of(args.repeat, lambda k: uniform_bits(k, n_keys, draws, compiled=False), keys, warm_up=True)[0]
+    compiled = best_of(args.repeat, lambda k: uniform_bits(k, n_keys, draws, compiled=True), keys, warm_up=True)[0]
     same = torch.equal(
         uniform_bits(keys, n_keys, draws, compiled=True), uniform_bits(keys, n_keys, draws, compiled=False)
     )
-    orders = best_of(args.repeat, lambda k: uniform_order(k, n_keys, draws), keys)
+    orders = best_of(args.repeat, lambda k: uniform_order(k, n_keys, draws), keys, warm_up=True)[0]
     print(
         f"the random control's scores, 9 rows x {draws} draws x {n_keys} keys: tensor hash {tensors * 1e3:.2f} ms, "
         f"compiled hash {compiled * 1e3:.2f} ms, the same bits: {same}; uniform_order {orders * 1e3:.2f} ms  "

@@ -5,8 +5,8 @@ Every metric of a row needs ``<v_i, s(N)>`` for each key ``i`` and size ``N`` of
 multiply-adds per row (``G`` sizes, ``d`` value dimensions), and ``D`` times that for ``D`` random
 draws. No engine can do less than these products; the floor is their count over the throughput of
 one large float64 (or float32) matrix product on the same threads. The denominator of every
-ratio, the plain forward pass, is timed here too (:func:`forward_seconds`), one copy for every
-benchmark.
+ratio, the plain forward pass, is timed here too (:func:`forward_seconds`), and so is one call of
+a function (:func:`best_of`): one copy of each for every benchmark.
 """
 
 from __future__ import annotations
@@ -17,6 +17,21 @@ import time
 import torch
 
 from tl_geometry.core.sizes import log_spaced_ns
+
+
+def best_of(repeat: int, function, *args, warm_up: bool = False, **kwargs):
+    """The best wall time of ``repeat`` calls of ``function(*args, **kwargs)``, and the last result.
+
+    ``warm_up``: one untimed call first (a kernel compiled or a cache filled on its first call).
+    """
+    if warm_up:
+        function(*args, **kwargs)
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = function(*args, **kwargs)
+        best = min(best, time.perf_counter() - start)
+    return best, result
 
 
 def synchronize() -> None:
