@@ -42,22 +42,24 @@ def main() -> None:
         ("16 random draws of 270 heads, 1024 keys", 270 * 16, 1024),
     ):
         scores = rows(n_rows, n_keys, generator)
-        same = torch.equal(selection_order(scores), torch.argsort(scores, dim=-1, descending=True, stable=True))
-        torch_s = best_of(
+        torch_s, stable = best_of(
             args.repeat, lambda s: torch.argsort(s, dim=-1, descending=True, stable=True), scores, warm_up=True
-        )[0]
-        ours = best_of(args.repeat, selection_order, scores, warm_up=True)[0]
+        )
+        ours, order = best_of(args.repeat, selection_order, scores, warm_up=True)
+        same = torch.equal(order, stable)
         print(
             f"{name}: torch stable argsort {torch_s * 1e3:.2f} ms, selection_order {ours * 1e3:.2f} ms, "
             f"ratio {ours / torch_s:.2f}; same permutation: {same}  (load {os.getloadavg()[0]:.2f})",
             flush=True,
         )
     keys, n_keys, draws = default_row_keys((9,), torch.device("cpu")), 1024, 16
-    tensors = best_of(args.repeat, lambda k: uniform_bits(k, n_keys, draws, compiled=False), keys, warm_up=True)[0]
-    compiled = best_of(args.repeat, lambda k: uniform_bits(k, n_keys, draws, compiled=True), keys, warm_up=True)[0]
-    same = torch.equal(
-        uniform_bits(keys, n_keys, draws, compiled=True), uniform_bits(keys, n_keys, draws, compiled=False)
+    tensors, tensor_bits = best_of(
+        args.repeat, lambda k: uniform_bits(k, n_keys, draws, compiled=False), keys, warm_up=True
     )
+    compiled, compiled_bits = best_of(
+        args.repeat, lambda k: uniform_bits(k, n_keys, draws, compiled=True), keys, warm_up=True
+    )
+    same = torch.equal(compiled_bits, tensor_bits)
     orders = best_of(args.repeat, lambda k: uniform_order(k, n_keys, draws), keys, warm_up=True)[0]
     print(
         f"the random control's scores, 9 rows x {draws} draws x {n_keys} keys: tensor hash {tensors * 1e3:.2f} ms, "

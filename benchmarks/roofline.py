@@ -64,12 +64,7 @@ def matmul_macs_per_second(dtype: torch.dtype, size: int = 512, repeats: int = 5
     in ``dtype``, the best of ``repeats``."""
     a = torch.randn(3, size, 64, dtype=dtype)
     b = torch.randn(3, 64, 8 * size, dtype=dtype)
-    torch.bmm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.bmm(a, b)
-        best = min(best, time.perf_counter() - start)
+    best, _ = best_of(repeats, torch.bmm, a, b, warm_up=True)
     return a.numel() * b.shape[-1] / best
 
 
