@@ -182,13 +182,9 @@ class _Keys:
             fused_rows.ordered_rows(y_np, order_np, ns.numpy(), centers.numpy(), rank=rank.numpy())
             operand = WORKSPACE.get("operand", (n_rows, dim + 2 * int(euclidean), n_keys), screen, device)
             operand[:, :dim] = einops.rearrange(y, "r k d -> r d k")
-            sq = key_sq[:, None, :]
+            bias, band_key, band_sq = _bands(key_sq[:, None, :], coef, screen, euclidean)
             if euclidean:
-                band_key = (2 * coef * sq.sqrt()).to(screen)
-                bias, band_sq = ((1 + coef) * sq).to(screen), (2 * coef * sq).to(screen)
                 operand[:, dim], operand[:, dim + 1] = band_key[:, 0], bias[:, 0]
-            else:
-                bias = band_key = band_sq = sq.sqrt().to(screen)
             return cls(y, order, centers, distance, screen, coef, operand, bias, band_key, band_sq, rank)
         if fused:  # one compiled walk of each order: the operand (key-major) and the centres
             operand = WORKSPACE.get("operand", (n_batch, n_keys, dim + 2 * int(euclidean)), screen, device)
@@ -207,12 +203,9 @@ class _Keys:
             operand[:dim] = ordered
             centers = ordered.cumsum_(dim=-1)[..., ns - 1].reshape(dim, -1).t().contiguous().view(n_batch, -1, dim)
         sq = torch.gather(key_sq[:, None, :].expand_as(order), -1, order).view(n_batch, 1, n_keys)
+        bias, band_key, band_sq = _bands(sq, coef, screen, euclidean)
         if euclidean:
-            band_key = (2 * coef * sq.sqrt()).to(screen)
-            bias, band_sq = ((1 + coef) * sq).to(screen), (2 * coef * sq).to(screen)
             operand[dim], operand[dim + 1] = band_key[:, 0], bias[:, 0]
-        else:  # a constant band, folded into the thresholds
-            bias = band_key = band_sq = sq.sqrt().to(screen)
         operand = einops.rearrange(operand, "d b k -> b d k")
         return cls(y, order, centers, distance, screen, coef, operand, bias, band_key, band_sq)
 
@@ -238,6 +231,16 @@ class _Keys:
         n_keys, dim = self.y.shape[1:]
         flat = (row[:, None] * n_keys + key).view(-1)
         return torch.index_select(self.y.reshape(-1, dim), 0, flat, out=out.view(-1, dim)).view(out.shape)
+
+
+def _bands(sq: Tensor, coef: float, screen: torch.dtype, euclidean: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """``bias``, ``band_key``, ``band_sq`` of :class:`_Keys` in the screen's dtype from the keys'
+    ``||y_t||^2`` (float64): ``(1 + c) ||y_t||^2``, ``2 c ||y_t||``, ``2 c ||y_t||^2`` (Euclidean), or
+    ``||y_t||`` for all three (cosine: a constant band, folded into the thresholds)."""
+    if not euclidean:
+        norm = sq.sqrt().to(screen)
+        return norm, norm, norm
+    return ((1 + coef) * sq).to(screen), (2 * coef * sq.sqrt()).to(screen), (2 * coef * sq).to(screen)
 
 
 @dataclass(frozen=True)
