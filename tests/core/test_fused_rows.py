@@ -88,6 +88,47 @@ def test_extremes_and_counts_by_hand():
     assert unsure.tolist() == [[True, False, False]]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 2), st.integers(1, 40), st.sampled_from([np.float32, np.float64]),
+       st.booleans(), st.integers(0, 2**32 - 1))  # fmt: skip
+def test_counts_equal_the_comparisons_counted_one_by_one(n_rows, n_draws, n_keys, dtype, cosine, seed):
+    """The four counts of every cell (sums of ones that the kernel lets LLVM reorder) equal numpy's
+    counts of the same comparisons, with ``M`` formed as torch forms it: tie-prone bounds (signed
+    zeros, infinities, NaNs, values equal to a threshold) in both screen dtypes."""
+    rng = np.random.default_rng(seed)
+    n_batch, n_sizes = n_rows * n_draws, 3
+    values = [0.0, -0.0, 0.5, -0.5, 1.0, 3.0, np.inf, -np.inf, np.nan]
+    p = [0.15, 0.1, 0.15, 0.1, 0.15, 0.15, 0.08, 0.08, 0.04]
+    upper = rng.choice(values, size=(n_batch, n_sizes, n_keys), p=p).astype(dtype)
+    band_key = rng.choice([0.0, 0.25, 0.5], size=(n_rows, n_keys)).astype(dtype)
+    band_sq = rng.choice([0.0, 0.5], size=(n_rows, n_keys)).astype(dtype)
+    sigma = rng.choice([0.0, 1.0, 2.0], size=(n_batch, n_sizes)).astype(dtype)
+    thresholds = rng.choice([0.0, 0.5, 1.0, 2.5, np.inf], size=(4, n_batch, n_sizes)).astype(dtype)
+    ns = np.sort(rng.choice(np.arange(1, n_keys + 1), size=n_sizes))
+    row = np.arange(n_batch) // n_draws
+    with np.errstate(invalid="ignore"):
+        lower = upper if cosine else upper + (dtype(-2) * sigma)[..., None] * band_key[row, None] - band_sq[row, None]
+        k_out, k_in, unsure = fused_rows.counts(upper, band_key, band_sq, sigma, ns, thresholds, cosine=cosine)
+        below = [(x < t[..., None]).sum(-1) for x, t in zip((upper, lower, upper, lower), thresholds)]
+    full = ns == n_keys
+    assert k_out.tolist() == (below[1] - ns).tolist()
+    assert k_in.tolist() == np.where(full, ns, below[2]).tolist()
+    doubt = (below[1] - below[0] != 1) | (~full & (below[3] - below[2] != 1))
+    assert unsure.tolist() == doubt.tolist()
+
+
+@pytest.mark.parametrize("zero", [np.float32(0.0), np.float64(0.0)])
+def test_tallies_count_in_either_dtype(zero):
+    """The tallies' float64 form, which ``counts`` takes from 2^24 keys (float32 sums of ones are
+    exact only below), counts as the float32 one."""
+    rng = np.random.default_rng(0)
+    upper, lower = rng.normal(size=(2, 1000)).astype(np.float32)
+    got = fused_rows._tally(upper, lower, np.float32(-0.5), np.float32(0.0), np.float32(0.5), np.float32(1.0), zero)
+    assert got == tuple(
+        int(n) for n in ((upper < -0.5).sum(), (lower < 0).sum(), (upper < 0.5).sum(), (lower < 1).sum())
+    )
+
+
 def extremes_by_loops(upper, band_key, band_sq, sigma, ns, cosine):
     """``i*`` and ``j*`` one cell at a time, keys in selection order: the first position of the
     largest ``M`` among ``t < N`` and of the smallest ``P`` among ``t >= N`` (``K - 1`` where

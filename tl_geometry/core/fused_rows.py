@@ -160,28 +160,45 @@ def _extremes(
             j_star[b, g] = _extreme(x, x_bits, start, n_keys, False)
 
 
-def _counts(upper, band_key, band_sq, sigma, ns, thresholds, consts, cosine, k_out, k_in, unsure):  # pragma: no cover
+def _tally(upper, lower, lo_max, hi_max, lo_min, hi_min, zero):  # pragma: no cover - compiled
+    """``#{P_t < lo_max}``, ``#{M_t < hi_max}``, ``#{P_t < lo_min}``, ``#{M_t < hi_min}`` of one cell,
+    as sums of ones in the dtype of ``zero``.
+
+    Compiled with only the ``reassoc`` fast-math flag, so that LLVM may reorder these sums (a float
+    sum it vectorises only when it may reorder it; an integer count it keeps in four lanes at most,
+    numba's counters being int64): sums of zeros and ones are exact in any order below ``2^24``
+    (float32) or ``2^53`` (float64). Nothing else is computed here: ``M`` comes formed."""
+    one = zero + np.float32(1.0)  # float32 stays float32 (zero + 1 would be float64)
+    a0, a1, a2, a3 = zero, zero, zero, zero
+    for t in range(upper.shape[0]):
+        p, m = upper[t], lower[t]
+        a0 += one if p < lo_max else zero
+        a1 += one if m < hi_max else zero
+        a2 += one if p < lo_min else zero
+        a3 += one if m < hi_min else zero
+    return int(a0), int(a1), int(a2), int(a3)
+
+
+def _counts(
+    upper, band_key, band_sq, sigma, ns, thresholds, consts, cosine, zero, k_out, k_in, unsure
+):  # pragma: no cover
     n_batch, n_sizes, n_keys = upper.shape
     n_draws = n_batch // band_key.shape[0]
+    lower = np.empty(n_keys, dtype=upper.dtype)  # one cell's M
     for b in range(n_batch):
         row = b // n_draws
         for g in range(n_sizes):
             n = ns[g]
-            neg_two_sigma = consts[0] * sigma[b, g]
-            lo_max, hi_max, lo_min, hi_min = (
-                thresholds[0, b, g],
-                thresholds[1, b, g],
-                thresholds[2, b, g],
-                thresholds[3, b, g],
+            x = upper[b, g]
+            m = x
+            if not cosine:
+                neg_two_sigma = consts[0] * sigma[b, g]
+                for t in range(n_keys):
+                    lower[t] = _lower(x[t], neg_two_sigma, band_key[row, t], band_sq[row, t], cosine)
+                m = lower
+            below_lo_max, below_hi_max, below_lo_min, below_hi_min = _tally(
+                x, m, thresholds[0, b, g], thresholds[1, b, g], thresholds[2, b, g], thresholds[3, b, g], zero
             )
-            below_lo_max = below_hi_max = below_lo_min = below_hi_min = 0
-            for t in range(n_keys):
-                p = upper[b, g, t]
-                m = _lower(p, neg_two_sigma, band_key[row, t], band_sq[row, t], cosine)
-                below_lo_max += p < lo_max
-                below_hi_max += m < hi_max
-                below_lo_min += p < lo_min
-                below_hi_min += m < hi_min
             k_out[b, g] = below_hi_max - n
             doubt = below_hi_max - below_lo_max != 1
             if n == n_keys:  # no out-key: r_min = inf, K_in = N
@@ -246,6 +263,9 @@ if AVAILABLE:
     _first_extreme_of_bits = numba.njit(cache=True, inline="always")(_first_extreme_of_bits)
     _extreme = numba.njit(cache=True, inline="always")(_extreme)
     _compiled_extremes = numba.njit(cache=True, nogil=True)(_extremes)
+    # reassoc on the sums of ones alone: _tally is not inlined by numba (whose inlined copy would take
+    # the caller's flags), so the arithmetic of M in _counts stays as torch's (LLVM inlines it later)
+    _tally = numba.njit(cache=True, nogil=True, fastmath={"reassoc"})(_tally)
     _compiled_counts = numba.njit(cache=True, nogil=True)(_counts)
     _compiled_ordered_rows = numba.njit(cache=True, nogil=True)(_ordered_rows)
     _compiled_contributions_at = numba.njit(cache=True, nogil=True)(_contributions_at)
@@ -396,7 +416,8 @@ def counts(
     *,
     cosine: bool,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``K_out``, ``K_in`` and the cells the screen cannot decide, in one pass over each cell's keys.
+    """``K_out``, ``K_in`` and the cells the screen cannot decide, in one pass over each cell's keys
+    (``M`` formed first, then the four counts as sums of ones that LLVM may reorder: exact).
 
     Parameters
     ----------
@@ -416,10 +437,11 @@ def counts(
     if _compiled_counts is None:  # pragma: no cover
         raise RuntimeError("the fused decisions need numba: pip install numba, or use kernel='torch'")
     consts = np.array([-2.0], dtype=upper.dtype)
+    zero = np.float32(0.0) if upper.shape[-1] < 2**24 else np.float64(0.0)  # the tallies' dtype: exact
     k_out = np.empty(sigma.shape, dtype=np.int64)
     k_in = np.empty(sigma.shape, dtype=np.int64)
     unsure = np.empty(sigma.shape, dtype=np.bool_)
-    _compiled_counts(upper, band_key, band_sq, sigma, ns, thresholds, consts, cosine, k_out, k_in, unsure)
+    _compiled_counts(upper, band_key, band_sq, sigma, ns, thresholds, consts, cosine, zero, k_out, k_in, unsure)
     return k_out, k_in, unsure
 
 
