@@ -263,8 +263,8 @@ if AVAILABLE:
     _first_extreme_of_bits = numba.njit(cache=True, inline="always")(_first_extreme_of_bits)
     _extreme = numba.njit(cache=True, inline="always")(_extreme)
     _compiled_extremes = numba.njit(cache=True, nogil=True)(_extremes)
-    # reassoc on the sums of ones alone: _tally is not inlined by numba (whose inlined copy would take
-    # the caller's flags), so the arithmetic of M in _counts stays as torch's (LLVM inlines it later)
+    # reassoc on the sums of ones alone: _tally is a leaf called from _counts, which has no fast-math
+    # flag and forms M (a function called from a fast-math one would be compiled with its flags)
     _tally = numba.njit(cache=True, nogil=True, fastmath={"reassoc"})(_tally)
     _compiled_counts = numba.njit(cache=True, nogil=True)(_counts)
     _compiled_ordered_rows = numba.njit(cache=True, nogil=True)(_ordered_rows)
