@@ -169,6 +169,29 @@ def test_bad_inputs_have_clear_messages() -> None:
         tlg.separability(weights, values, ns=[1.5])
 
 
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+def test_several_rankings_at_once_equal_one_call_per_ranking(distance: str) -> None:
+    """``separability_rankings`` checks and scales the rows once for every ranking (what the
+    observer runs for the attention ranking and the random control): each result equals, bit for
+    bit, the call for that ranking alone; a name given twice is measured once, in the order given."""
+    from conftest import assert_bit_identical
+
+    from tl_geometry.core.separability import separability_rankings
+
+    weights, values = random_rows("sink", n_rows=3, k=40, d=5, seed=4)
+    weights, values = weights.view(3, 1, 40), values.view(3, 1, 40, 5)  # a batch dimension kept
+    given = ("random", "attention", "contribution", "random")
+    kw = dict(distance=distance, n_random=5, seed=7, row_keys=torch.tensor([[11], [12], [13]]))
+    both = separability_rankings(weights, values, "log", given, **kw)
+    assert list(both) == ["random", "attention", "contribution"]
+    for name, res in both.items():
+        assert res.rank_by == name and res.precision.shape == (3, 1, res.ns.shape[0])
+        assert_bit_identical(res, tlg.separability(weights, values, "log", rank_by=name, **kw))
+    assert list(separability_rankings(weights, values, [1, 2], "attention")) == ["attention"]
+    with pytest.raises(tlg.InputError, match="rank_by"):
+        separability_rankings(weights, values, [1, 2], ["attention", "nearest"])
+
+
 def test_log_spaced_grid() -> None:
     grid = tlg.log_spaced_ns(1024)
     assert grid[:8] == list(range(1, 9)) and grid[-1] == 1024

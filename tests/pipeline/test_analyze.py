@@ -308,13 +308,13 @@ def test_the_kernel_setting_reaches_the_per_row_engine(llama_bridge, monkeypatch
     """One query position goes through the per-row engine: kernel="torch" and "numba" reach it as
     given and give the same table."""
     seen = []
-    engine = tl_geometry.capture.observers.separability
+    engine = tl_geometry.capture.observers.separability_rankings
 
     def spy(*args, **kwargs):
         seen.append(kwargs["kernel"])
         return engine(*args, **kwargs)
 
-    monkeypatch.setattr(tl_geometry.capture.observers, "separability", spy)
+    monkeypatch.setattr(tl_geometry.capture.observers, "separability_rankings", spy)
     corpus = tlg.corpus.from_texts(TEXT, n_seqs=2, seq_len=20)
     kw = dict(query_positions="last", ns="all", rank_by=("attention", "random"), n_random=3, progress=False)
     tables = {k: tlg.analyze(llama_bridge, corpus, kernel=k, **kw).separability for k in ("torch", "numba")}

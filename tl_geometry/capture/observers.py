@@ -42,7 +42,7 @@ from tl_geometry.core.rankings import (
     check_seed,
     row_keys,
 )
-from tl_geometry.core.separability import separability
+from tl_geometry.core.separability import separability_rankings
 from tl_geometry.core.sizes import NsLike
 from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo
@@ -254,20 +254,19 @@ class SeparabilityObserver(RowMetricsObserver):
         for qi, q in enumerate(batch.query_positions):
             weights, row_values = batch.weights[:, :, qi, : q + 1], values[:, :, : q + 1]
             keys = row_keys(seq=batch.seq_ids[:, None], layer=batch.layer, head=heads[None, :], query_pos=q)
-            for rank_by in self.rank_by:
-                res = separability(
-                    weights,
-                    row_values,
-                    self.ns,
-                    query_positions=q,  # the rows are cut to the causal keys 0..q already
-                    rank_by=rank_by,
-                    distance=self.distance,
-                    n_random=self.n_random,
-                    seed=self.seed,
-                    row_keys=keys.to(weights.device),
-                    dtype=self.dtype,
-                    kernel=None if self.kernel == "auto" else self.kernel,
-                )
+            results = separability_rankings(  # the rows are cut to the causal keys 0..q already
+                weights,
+                row_values,
+                self.ns,
+                self.rank_by,
+                distance=self.distance,
+                n_random=self.n_random,
+                seed=self.seed,
+                row_keys=keys.to(weights.device),
+                dtype=self.dtype,
+                kernel=None if self.kernel == "auto" else self.kernel,
+            )
+            for res in results.values():
                 tables.append(head_rows_table(batch, q, res.ns, self.kv_head_of, self._columns(res)))
         self.chunks.append(_in_key_order(tables))
 

@@ -45,6 +45,7 @@ from tl_geometry.core.rankings import (
     check_distance,
     check_n_random,
     check_rank_by,
+    check_rankings,
     check_seed,
     default_row_keys,
     ranking_scores,
@@ -313,33 +314,86 @@ def separability_of_rows(
     kernel: str | None = None,
 ) -> Separability:
     """:func:`separability` of rows ``weights [*batch, K]``, ``values [*batch, K, d]`` measured over every key."""
-    rank_by, distance = check_rank_by(rank_by), check_distance(distance)
-    kernel = check_kernel(kernel)
+    (result,) = separability_rankings(
+        weights,
+        values,
+        ns,
+        check_rank_by(rank_by),
+        distance=distance,
+        n_random=n_random,
+        seed=seed,
+        row_keys=row_keys,
+        dtype=dtype,
+        block_bytes=block_bytes,
+        kernel=kernel,
+    ).values()
+    return result
+
+
+@typechecked
+def separability_rankings(
+    weights: Float[Tensor, "*batch k"],
+    values: Float[Tensor, "*batch k d"],
+    ns: NsLike = DEFAULT_NS,
+    rank_by: Any = ("attention",),
+    *,
+    distance: str = "euclidean",
+    n_random: int = DEFAULT_N_RANDOM,
+    seed: int = 0,
+    row_keys: Tensor | None = None,
+    dtype: torch.dtype = torch.float64,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    kernel: str | None = None,
+) -> dict[str, Separability]:
+    """:func:`separability_of_rows` for each of the rankings ``rank_by`` (one name or a sequence, as
+    ``tlg.analyze`` takes them), keyed by ranking, each once, in the order given: the same results
+    as one call per ranking, with the rows checked and scaled once (``analyze`` measures the attention ranking
+    and the random control of the same rows).
+
+    >>> import torch
+    >>> w, v = torch.tensor([0.5, 0.25, 0.25]), torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    >>> both = separability_rankings(w, v, [1, 2], ("attention", "random"), n_random=4)
+    >>> list(both), both["attention"].precision.tolist()
+    (['attention', 'random'], [1.0, 0.6666666666666666])
+    >>> torch.equal(both["random"].recall, separability_of_rows(w, v, [1, 2], rank_by="random", n_random=4).recall)
+    True
+    """
+    rankings = check_rankings(rank_by)
+    distance, kernel = check_distance(distance), check_kernel(kernel)
     n_random, seed = check_n_random(n_random), check_seed(seed)
     check_row_inputs(weights, values)
     _check_row_keys(row_keys, tuple(weights.shape[:-1]))
     n_keys = weights.shape[-1]
     ns_t = resolve_ns(ns, n_keys, device=weights.device)
-    n_rows, n_draws = weights.numel() // n_keys, n_random if rank_by == "random" else 1
+    n_rows = weights.numel() // n_keys
+    n_draws = {name: n_random if name == "random" else 1 for name in rankings}
+    most = max(n_draws.values())  # one ranking at a time: the largest sets the peak
     check_memory(
-        n_rows * n_draws * (n_keys * ORDER_BYTES_PER_KEY + ns_t.shape[0] * METRIC_BYTES_PER_SIZE),
-        f"the selection orders and metrics of {n_rows} rows x {n_draws} draws x {n_keys} keys",
-        "lower n_random, or pass fewer rows per call" if n_draws > 1 else "pass fewer rows per call",
+        n_rows * most * (n_keys * ORDER_BYTES_PER_KEY + ns_t.shape[0] * METRIC_BYTES_PER_SIZE),
+        f"the selection orders and metrics of {n_rows} rows x {most} draws x {n_keys} keys",
+        "lower n_random, or pass fewer rows per call" if most > 1 else "pass fewer rows per call",
     )
     w, packing = pack_rows(weights, 1)
     v, _ = pack_rows(values, 2)
     keys = None if row_keys is None else row_keys.reshape(-1).to(device=weights.device, dtype=torch.int64)
     rows = _ScaledRows.of(w, v, compiled=kernel == "numba")
-    order = _orders(rows, rank_by, n_draws, seed, keys)  # [R, draws, K]
-    metrics = _separability_rows(rows, order, ns_t, distance, dtype, block_bytes, kernel)
 
     def unpack(x: Tensor) -> Tensor:
         mean = einops.reduce(x, "r draw n -> r n", "mean")
         return einops.unpack(mean, packing, "* n")[0]
 
-    return Separability(
-        ns=ns_t, **{name: unpack(x) for name, x in metrics.items()}, rank_by=rank_by, distance=distance, n_draws=n_draws
-    )
+    results = {}
+    for name in rankings:
+        order = _orders(rows, name, n_draws[name], seed, keys)  # [R, draws, K]
+        metrics = _separability_rows(rows, order, ns_t, distance, dtype, block_bytes, kernel)
+        results[name] = Separability(
+            ns=ns_t,
+            **{metric: unpack(x) for metric, x in metrics.items()},
+            rank_by=name,
+            distance=distance,
+            n_draws=n_draws[name],
+        )
+    return results
 
 
 @dataclass(frozen=True)
