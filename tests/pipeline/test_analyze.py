@@ -139,8 +139,22 @@ def test_diagnostics_tables_match_the_observer_run_by_hand(llama_bridge) -> None
     for name in ("value_norms", "similarity", "attention_profile"):
         pd.testing.assert_frame_equal(getattr(result, name), getattr(tables, name), rtol=1e-12)
     # the tables built after the last window (the profile fits above) are timed apart from the windows
-    assert set(result.timings) == {"total_s", "analysis_s", "forward_s", "tables_s"}
+    parts = {"separability_s", "diagnostics_s", "taxonomy_s"}  # the regimes' features are on by default
+    assert set(result.timings) == {"total_s", "analysis_s", "forward_s", "tables_s", *parts}
     assert result.timings["tables_s"] > 0
+
+
+@pytest.mark.parametrize("parts", [("bounds", "diagnostics", "taxonomy"), ()], ids=["every part", "separability"])
+def test_timings_split_the_analysis_into_its_parts(llama_bridge, parts) -> None:
+    """``timings`` has one ``<part>_s`` per part the run computed, each within ``analysis_s``."""
+    corpus = tlg.corpus.from_texts(TEXT, n_seqs=2, seq_len=16)
+    flags = {name: name in parts for name in ("bounds", "diagnostics", "taxonomy")}
+    timings = tlg.analyze(llama_bridge, corpus, k_max=4, progress=False, **flags).timings
+    names = [f"{part}_s" for part in ("separability", *parts)]
+    assert [k for k in timings if k not in ("total_s", "forward_s", "analysis_s", "tables_s")] == names
+    assert all(timings[name] > 0 for name in names)
+    # each part is timed inside its layer's interval, so together they are less than the analysis
+    assert sum(timings[name] for name in names) < timings["analysis_s"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])

@@ -7,6 +7,7 @@ single-process run of the same command.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -153,6 +154,12 @@ def test_torchrun_two_ranks_equal_one_process(tiny_dir: Path, tmp_path: Path) ->
     table = pd.read_parquet(tmp_path / "two" / "separability.parquet")
     assert sorted(table.seq.unique()) == list(range(7))
     assert sorted(table.query_pos.unique()) == [7, 15, 23, 31, 39, 47]
+    # the same timings, the analysis split into its parts (the ranks' means), and the world's size
+    one_t, two_t = (json.loads((tmp_path / name / "run.json").read_text())["timings"] for name in ("one", "two"))
+    parts = ["separability_s", "bounds_s", "diagnostics_s", "taxonomy_s"]
+    assert [k for k in two_t if k in parts] == [k for k in one_t if k in parts] == parts
+    assert two_t["world_size"] == 2 and "world_size" not in one_t
+    assert sum(two_t[k] for k in parts) < two_t["analysis_s"]
 
 
 def test_dead_rank_resumes_without_redoing_or_losing(tiny_dir: Path, tmp_path: Path) -> None:

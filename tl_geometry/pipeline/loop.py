@@ -20,7 +20,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from tl_geometry.capture.cached import run_cached
-from tl_geometry.capture.hooks import model_device, run_streaming
+from tl_geometry.capture.hooks import LayerBatch, LayerObserver, model_device, run_streaming
 from tl_geometry.capture.observers import Observer, RowObserver, SeparabilityObserver
 from tl_geometry.capture.tables import KEY_COLUMNS, REFERENCE_RANKING, empty_table
 from tl_geometry.core.threads import analysis_threads
@@ -57,7 +57,7 @@ def run_analysis(
     todo = [i for i in mine if i not in done]
     start = time.perf_counter()
     try:
-        kept, analysis_s = run_batches(plan, wiring, store, todo, progress, initial=len(done))
+        kept, analysis = run_batches(plan, wiring, store, todo, progress, initial=len(done))
     except BaseException:
         if store is not None:
             store.discard_if_unused()
@@ -69,7 +69,7 @@ def run_analysis(
         table = store.merge_rows(ROW_ORDER, list(plan.settings.rank_by), empty)
     else:
         table = pd.concat(kept, ignore_index=True) if kept else empty
-    timings = {"total_s": total_s, "analysis_s": analysis_s, "forward_s": total_s - analysis_s}
+    timings = {"total_s": total_s, "forward_s": total_s - analysis["analysis_s"], **analysis}
     return assemble(plan, wiring, table, timings)
 
 
@@ -100,6 +100,12 @@ class Wiring:
     def all(self) -> list[Observer]:
         return [*self.rows, *self.accumulators.values()]
 
+    def named(self) -> dict[str, Observer]:
+        """Every observer by the name of its part of the analysis: ``separability``, ``bounds``,
+        ``diagnostics``, ``taxonomy`` (those the plan asks for), in the order they observe."""
+        names = {SeparabilityObserver: "separability", BoundsObserver: "bounds"}
+        return {**{names[type(obs)]: obs for obs in self.rows}, **self.accumulators}
+
     def columns(self) -> list[str]:
         """The float columns of the joined row table (after the key columns)."""
         return [c for obs in self.rows for c in getattr(obs, "columns", [])]
@@ -125,15 +131,18 @@ class Wiring:
 
 def run_batches(
     plan: AnalysisPlan, wiring: Wiring, store: RunStore | None, todo: list[int], progress: bool, initial: int
-) -> tuple[list[pd.DataFrame], float]:
+) -> tuple[list[pd.DataFrame], dict[str, float]]:
     """Forward passes (or reads of the cache) over the windows ``todo`` in batches; each batch's rows are saved to ``store``
-    (with the accumulators' states) or kept. Returns the kept tables and the seconds spent observing.
+    (with the accumulators' states) or kept. Returns the kept tables and the seconds spent observing:
+    ``analysis_s`` in all and ``<part>_s`` for each part of :meth:`Wiring.named` (their sum, up to
+    the loop around them).
 
     Each batch runs on the CPUs free when it starts (:func:`tl_geometry.core.threads.analysis_threads`).
     The progress bar (:func:`progress_bar`) moves as each layer of a batch is observed."""
     device = model_device(plan.model) if plan.model is not None else torch.device("cpu")
     kept: list[pd.DataFrame] = []
     spent: list[float] = []  # seconds inside the observers, per layer
+    parts = {name: _Timed(obs) for name, obs in wiring.named().items()}  # and in each observer
     n_layers = max(len(plan.layers), 1)
     bar = progress_bar(initial + len(todo), initial, n_layers, progress)
     batch = {"windows": 0, "layers": 0}  # the running batch: its windows, its layers counted on the bar
@@ -149,7 +158,7 @@ def run_batches(
             ids = torch.tensor(todo[b0 : b0 + plan.settings.batch_size], dtype=torch.int64)
             batch.update(windows=len(ids), layers=0)
             with analysis_threads(device):
-                feed(plan, ids, wiring.all(), on_layer)
+                feed(plan, ids, list(parts.values()), on_layer)
             table = wiring.take_rows()
             if store is not None:
                 store.write(ids.tolist(), table, wiring.states())
@@ -158,7 +167,19 @@ def run_batches(
             bar.update(len(ids) * (n_layers - batch["layers"]))  # layers the feed did not report
     finally:
         bar.close()
-    return kept, sum(spent)
+    return kept, {"analysis_s": sum(spent), **{f"{name}_s": part.seconds for name, part in parts.items()}}
+
+
+class _Timed:
+    """An observer's :meth:`observe`, its seconds added up in :attr:`seconds`."""
+
+    def __init__(self, observer: Observer) -> None:
+        self.observer, self.seconds = observer, 0.0
+
+    def observe(self, batch: LayerBatch) -> None:
+        start = time.perf_counter()
+        self.observer.observe(batch)
+        self.seconds += time.perf_counter() - start
 
 
 def progress_bar(n_windows: int, done: int, n_layers: int, show: bool) -> tqdm:
@@ -174,7 +195,7 @@ def progress_bar(n_windows: int, done: int, n_layers: int, show: bool) -> tqdm:
 
 
 def feed(
-    plan: AnalysisPlan, ids: Tensor, observers: Sequence[Observer], on_layer_time: Callable[[float], None]
+    plan: AnalysisPlan, ids: Tensor, observers: Sequence[LayerObserver], on_layer_time: Callable[[float], None]
 ) -> None:
     """Hand the observers every layer of the windows ``ids``: from a forward pass
     (:func:`~tl_geometry.capture.hooks.run_streaming`) or from the plan's cache

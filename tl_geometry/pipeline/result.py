@@ -67,10 +67,13 @@ class AnalysisResult:
         The token windows analysed (row ``seq`` of the tables is row ``seq`` here); None for
         :func:`~tl_geometry.pipeline.cache.analyze_cache` given no tokens.
     timings : dict
-        ``total_s`` (wall time of the windows), ``analysis_s`` (time inside the hooks'
-        computations), ``forward_s`` (the rest: the model's forward passes and bookkeeping) and
-        ``tables_s`` (after the last window: the rows put in order, the attention-profile fits
-        and the regime features).
+        ``total_s`` (wall time of the windows), ``forward_s`` (the model's forward passes and
+        bookkeeping: the wall time less the analysis), ``analysis_s`` (time inside the hooks'
+        computations), split into ``separability_s``, ``bounds_s``, ``diagnostics_s`` and
+        ``taxonomy_s`` (the parts the run computed; their sum is ``analysis_s`` up to the loop
+        around them), and ``tables_s`` (after the last window: the rows put in order, the
+        attention-profile fits and the regime features). Under torchrun: the slowest rank's
+        ``total_s``, the ranks' mean of the analysis times, and ``world_size``.
     value_norms, similarity, attention_profile : DataFrame or None
         With ``diagnostics=True``: per (layer, kv_head) ``sink_ratio, norm_cv, median_norm...``;
         per (layer, kv_head) ``beta, mae, share_negative, rho_0...``; per (layer, head)

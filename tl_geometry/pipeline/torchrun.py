@@ -210,9 +210,9 @@ def run_sharded(plan: Any, progress: Path, world: World, *, show_progress: bool 
     wiring.load_states(store.states)
     done = store.done_seqs()
     todo = [i for i in shard_windows(plan.n_seqs, world.rank, world.size) if i not in done]
-    _, analysis_s = run_batches(plan, wiring, store, todo, show_progress and world.is_main, initial=len(done))
+    _, analysis = run_batches(plan, wiring, store, todo, show_progress and world.is_main, initial=len(done))
     total_s = time.perf_counter() - start
-    gathered = world.all_gather({"analysis_s": analysis_s, "total_s": total_s})
+    gathered = world.all_gather({**analysis, "total_s": total_s})
     world.finish()
     if not world.is_main:
         return None
@@ -227,12 +227,9 @@ def run_sharded(plan: Any, progress: Path, world: World, *, show_progress: bool 
         parts.extend(shard.part_paths())
     empty = empty_table(wiring.columns())
     rows = merge_parts(parts, progress / ROWS_FILE, ROW_ORDER, list(plan.settings.rank_by), empty)
-    timings = {
-        "total_s": max(p["total_s"] for p in gathered),
-        "analysis_s": sum(p["analysis_s"] for p in gathered) / world.size,
-        "world_size": world.size,
-    }
-    timings["forward_s"] = timings["total_s"] - timings["analysis_s"]
+    total_s = max(p["total_s"] for p in gathered)  # the slowest rank's wall time
+    analysis = {name: sum(p[name] for p in gathered) / world.size for name in analysis}  # a mean over the ranks
+    timings = {"total_s": total_s, "forward_s": total_s - analysis["analysis_s"], **analysis, "world_size": world.size}
     return assemble(plan, merged, rows, timings)
 
 
