@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -98,6 +99,10 @@ def test_run_writes_tables_report_and_resumes(tmp_path, capsys, tiny_cli, monkey
     assert set(table.n_draws[table.rank_by == "random"]) == {16}
     info = json.loads((out / "run.json").read_text())
     assert info["parameters"]["kappa"] == 0.5 and info["versions"]["torch"]
+    # the analysis time split into its parts, in the summary and in run.json
+    assert re.search(r"analysis \d+\.\ds \(separability \d+\.\ds, envelopes \d+\.\ds, diagnostics \d+\.\ds, "
+                     r"regimes \d+\.\ds\), tables", out_text), out_text  # fmt: skip
+    assert {"separability_s", "bounds_s", "diagnostics_s", "taxonomy_s"} <= set(info["timings"])
     # a fresh run gives the same table as the interrupted-then-resumed one
     code, _, _ = run(["run", "--out", str(tmp_path / "fresh"), *args[3:]], capsys)
     fresh = pd.read_parquet(tmp_path / "fresh" / "separability.parquet")

@@ -326,6 +326,17 @@ def _ranking_lines(result: Any) -> list[str]:
     return ["mean f_at_rmax by ranking (random: mean over draws):", wide.to_string(float_format="%.3f")]
 
 
+#: The parts of the analysis timed apart (``AnalysisResult.timings``), as the summary names them.
+ANALYSIS_PARTS = {"separability_s": "separability", "bounds_s": "envelopes", "diagnostics_s": "diagnostics",
+                  "taxonomy_s": "regimes"}  # fmt: skip
+
+
+def _analysis_parts(timings: dict) -> str:
+    """`` (separability 1.2s, envelopes 0.8s, ...)`` for the parts in ``timings``, else nothing."""
+    parts = [f"{label} {timings[key]:.1f}s" for key, label in ANALYSIS_PARTS.items() if key in timings]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def _summary_text(result: Any, heads: Any, out: Path, page: Path, load_s: float) -> str:
     m, c, t = result.model, result.config, result.timings
     by_n = result.mean_by_n()
@@ -336,8 +347,8 @@ def _summary_text(result: Any, heads: Any, out: Path, page: Path, load_s: float)
     lines = [
         f"model    {m.name}: {m.n_layers} layers x {m.n_heads} heads ({m.n_kv_heads} kv heads), d_head {m.d_head}",
         f"corpus   {c['corpus']}: {c['n_seqs']} windows x {c['seq_len']} tokens, query positions {c['query_positions']}",
-        f"time     load {load_s:.1f}s, forward {t['forward_s']:.1f}s, analysis {t['analysis_s']:.1f}s, "
-        f"tables {t.get('tables_s', 0.0):.1f}s",
+        f"time     load {load_s:.1f}s, forward {t['forward_s']:.1f}s, analysis {t['analysis_s']:.1f}s"
+        f"{_analysis_parts(t)}, tables {t.get('tables_s', 0.0):.1f}s",
         "mean over windows, layers and heads:",
         table,
         *_ranking_lines(result),
