@@ -260,7 +260,7 @@ def test_build_report_from_a_saved_directory_without_a_model(result, grid: HeadG
     run = result.save(tmp_path / "run")
     (run / "head_grid.html").write_text(grid.fragment(), encoding="utf-8")
     heads_of(result.model.n_layers, result.model.n_heads).to_parquet(run / "heads.parquet", index=False)
-    (run / "run.json").write_text(json.dumps({"timings": {"load_s": 12.5}, "versions": {"torch": "9.9.9"},
+    (run / "run.json").write_text(json.dumps({"timings": {"load_s": 12.5, "world_size": 2}, "versions": {"torch": "9.9.9"},
                                               "python": "3.99"}))  # fmt: skip
     path = build_report(run, tmp_path / "out", figures=figures_of(tlg.load_result(run)))
     page = path.read_text(encoding="utf-8")
@@ -269,6 +269,7 @@ def test_build_report_from_a_saved_directory_without_a_model(result, grid: HeadG
     assert "CircuitsVis.render(" in page  # head_grid.html was picked up
     header = page[: page.index("</header>")]
     assert "load_s" in header and "12.50 s" in header and "9.9.9" in header and "recorded by the run" in header
+    assert "<tr><th>world_size</th><td>2</td></tr>" in header  # a count, not a time
     assert "tiny-llama" in header
     taxonomy = page[page.index('<section id="taxonomy"') : page.index('<section id="head-grid"')]
     assert "8 heads: Retriever 2, Reset 2, Mixer 2, Unclassified 2" in taxonomy  # heads.parquet was read

@@ -47,6 +47,13 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _fmt_timing(name: str, value: Any) -> str:
+    """``12.50 s`` for a time (a ``*_s`` name), else the value as it is (``world_size``: a count)."""
+    if name.endswith("_s") and isinstance(value, (int, float)):
+        return f"{value:.2f} s"
+    return _fmt(value)
+
+
 def header_rows(result: Any, run_info: dict | None) -> list[tuple[str, list[tuple[str, str]]]]:
     """The header as groups of ``(label, value)`` rows: model, corpus, parameters, timings, versions."""
     m = result.model
@@ -71,7 +78,7 @@ def header_rows(result: Any, run_info: dict | None) -> list[tuple[str, list[tupl
     param_rows = [(str(k), _fmt(v)) for k, v in config.items()]
     timings = dict((run_info or {}).get("timings") or {})
     timings.update(result.timings or {})
-    time_rows = [(k, f"{v:.2f} s" if isinstance(v, (int, float)) else _fmt(v)) for k, v in timings.items()]
+    time_rows = [(k, _fmt_timing(k, v)) for k, v in timings.items()]
     if run_info and run_info.get("versions"):
         versions = dict(run_info["versions"])
         if run_info.get("python"):
