@@ -14,7 +14,8 @@ for the forward pass and the analysis:
    (128 tokens, last query, log grid, written to a run directory).
 
 "forward" is the model's plain forward pass over the same windows (no hooks), the best of two;
-"analysis" is the time inside the hooks (``AnalysisResult.timings['analysis_s']``); the time to
+"analysis" is the time inside the hooks (``AnalysisResult.timings['analysis_s']``, printed with
+its parts: separability, bounds, diagnostics, taxonomy, each also over the forward pass); the time to
 build the tables after the last window (profile fits, regime features: ``timings['tables_s']``,
 once per run, not per window) is printed beside it.
 
@@ -41,6 +42,8 @@ import torch
 from roofline import forward_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The parts of ``AnalysisResult.timings["analysis_s"]`` timed apart.
+ANALYSIS_PARTS = ("separability_s", "bounds_s", "diagnostics_s", "taxonomy_s")
 
 
 def ratio(model, name: str, n_seqs: int, seq_len: int, batch_size: int, **kwargs) -> float:
@@ -53,6 +56,9 @@ def ratio(model, name: str, n_seqs: int, seq_len: int, batch_size: int, **kwargs
     print(f"{name}: analysis {analysis:.2f}s / forward {forward:.2f}s = {analysis / forward:.2f}  "
           f"({n_seqs} x {seq_len} tokens, {len(result.separability)} rows); the tables after the "
           f"last window add {tables:.2f}s = {tables / forward:.2f} x forward", flush=True)  # fmt: skip
+    parts = {k.removesuffix("_s"): v for k, v in result.timings.items() if k in ANALYSIS_PARTS}
+    if len(parts) > 1:  # where the analysis goes, each part / forward
+        print("    of which " + ", ".join(f"{k} {v:.2f}s ({v / forward:.2f})" for k, v in parts.items()), flush=True)
     return analysis / forward
 
 
