@@ -97,9 +97,6 @@ class Wiring:
         accumulators: dict[str, Observer] = {k: v for k, v in (("diagnostics", diag), ("taxonomy", tax)) if v}
         return cls(rows, accumulators, diag, tax)
 
-    def all(self) -> list[Observer]:
-        return [*self.rows, *self.accumulators.values()]
-
     def named(self) -> dict[str, Observer]:
         """Every observer by the name of its part of the analysis: ``separability``, ``bounds``,
         ``diagnostics``, ``taxonomy`` (those the plan asks for), in the order they observe."""
