@@ -4,7 +4,8 @@ Prints, measured in this one run, with the same number of torch threads (``--thr
 for the forward pass and the analysis:
 
 1. ``tl-geometry run``'s analysis (diagnostics + envelopes + taxonomy + separability, log grid,
-   last query) / forward, windows of ``--seq-len`` tokens (default 1024);
+   last query) / forward, windows of ``--seq-len`` tokens (default 1024), the attention ranking
+   alone (what the random control adds, which ``run`` measures too: ``bench_queries.py``);
 2. separability for every ``N`` / forward (same windows);
 3. every query position of 512-token windows, log grid, separability / forward;
 4. the same main job with ``--analysis-dtype float32`` (float32 screening, float64 re-check);
