@@ -88,6 +88,7 @@ def peak_rss_mib(model: str, n_windows: int, seq_len: int, batch_size: int, work
         TLG_BENCH_RSS_FILE=str(rss_file),
     )
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += ["--log-dir", str(work / "torchrun-logs")]  # not a torchelastic_* folder left in /tmp
     command += ["-m", "tl_geometry", "run", "--model", model, "--n-seqs", str(n_windows), "--seq-len", str(seq_len)]
     command += ["--query-stride", "1", "--batch-size", str(batch_size), "--no-progress", "--out", str(out)]
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)

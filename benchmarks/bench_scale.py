@@ -71,7 +71,7 @@ def torchrun_ratio(n_seqs: int, seq_len: int) -> None:
         for name, launcher, threads in (
             ("1 process x 2 threads", [sys.executable], "2"),
             ("torchrun 2 processes x 1 thread", [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                                 "--nproc-per-node=2"], "1"),
+                                                 "--nproc-per-node=2", "--log-dir", f"{tmp}/torchrun-logs"], "1"),
         ):  # fmt: skip
             start = time.perf_counter()
             subprocess.run([*launcher, *args, "--out", f"{tmp}/{threads}"], check=True, capture_output=True,

@@ -8,6 +8,7 @@ smollm2"`` leaves them out while you work; ``make test`` (and CI) runs them all.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker, listed in (("smollm2", SMOLLM2_TESTS), ("slow", SLOW_TESTS)):
             if file in listed or test in listed:
                 item.add_marker(marker)
+
+
+def torchrun(tmp_path: Path) -> list[str]:
+    """``torchrun --standalone --nproc-per-node=2`` with its logs in ``tmp_path``: without
+    ``--log-dir`` every start leaves a ``torchelastic_*`` folder in the system's temporary folder."""
+    logs = str(tmp_path / "torchrun-logs")
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--log-dir", logs]
 
 
 def has_hooked_transformer() -> bool:

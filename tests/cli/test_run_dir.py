@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import torchrun
 
 import tl_geometry as tlg
 import tl_geometry.cli.app as cli
@@ -122,11 +123,10 @@ def test_torchrun_group_is_refused_together(tmp_path, command) -> None:
     from tl_geometry.io.lock import RunLock
 
     out = tmp_path / "run"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     with RunLock(out, command=["the", "first"]):
         proc = subprocess.run(
-            [*torchrun, "-m", "tl_geometry", command, "--out", str(out), *OPTIONS[command]],
+            [*torchrun(tmp_path), "-m", "tl_geometry", command, "--out", str(out), *OPTIONS[command]],
             env=env,
             capture_output=True,
             text=True,

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import torchrun
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -23,7 +24,6 @@ from tl_geometry.errors import InputError
 from tl_geometry.pipeline.torchrun import World, check_shards, shard_windows
 
 REPO = Path(__file__).resolve().parents[2]
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 #: Tables computed window by window (equal bit for bit); the others come from sums and (count, mean,
 #: M2) moments over windows, merged in another order by the shards: equal to 1e-12 relative, with no
 #: absolute slack (labels and integers exactly).
@@ -145,11 +145,12 @@ def test_torchrun_two_ranks_equal_one_process(tiny_dir: Path, tmp_path: Path) ->
     assert one.returncode == 0, one.stderr[-2000:]
     assert not (tmp_path / "one" / "progress").exists()  # a finished run removes it
     keep = _env({"TLG_TEST_KEEP_PROGRESS": "1"}, hooks(tmp_path))
-    two = _run(TORCHRUN, _args(tiny_dir, tmp_path / "two", "--query-stride", "8"), keep)
+    two = _run(torchrun(tmp_path), _args(tiny_dir, tmp_path / "two", "--query-stride", "8"), keep)
     assert two.returncode == 0, two.stderr[-2000:]
     progress = sorted(p.name for p in (tmp_path / "two" / "progress").iterdir())
     # every rank's store, and the rows rank 0 merged from them on disk (no rank gathered them)
     assert progress == ["separability.parquet", "shard-00000-of-00002", "shard-00001-of-00002"]
+    assert (tmp_path / "torchrun-logs").is_dir()  # torchrun's own logs: here, not in the system's /tmp
     _assert_same_tables(tmp_path / "one", tmp_path / "two")
     table = pd.read_parquet(tmp_path / "two" / "separability.parquet")
     assert sorted(table.seq.unique()) == list(range(7))
@@ -164,14 +165,14 @@ def test_torchrun_two_ranks_equal_one_process(tiny_dir: Path, tmp_path: Path) ->
 
 def test_dead_rank_resumes_without_redoing_or_losing(tiny_dir: Path, tmp_path: Path) -> None:
     hook = hooks(tmp_path)
-    dead = _run(TORCHRUN, _args(tiny_dir, tmp_path / "two"), _env({"TLG_TEST_DIE_RANK": "1"}, hook))
+    dead = _run(torchrun(tmp_path), _args(tiny_dir, tmp_path / "two"), _env({"TLG_TEST_DIE_RANK": "1"}, hook))
     assert dead.returncode != 0
     assert not (tmp_path / "two" / "result.json").exists()
     shard = tmp_path / "two" / "progress" / "shard-00001-of-00002"
     saved = {p.name: p.stat().st_mtime_ns for p in (shard / "separability").iterdir()}
     assert len(saved) == 2  # rank 1 owns windows 1, 3 and 5: two saved before it died
     die_and_keep = {"TLG_TEST_DIE_RANK": "1", "TLG_TEST_KEEP_PROGRESS": "1"}
-    resumed = _run(TORCHRUN, _args(tiny_dir, tmp_path / "two", "--resume"), _env(die_and_keep, hook))
+    resumed = _run(torchrun(tmp_path), _args(tiny_dir, tmp_path / "two", "--resume"), _env(die_and_keep, hook))
     # the hook would kill rank 1 at its second write again: it has one window left, so it lives
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     after = {p.name: p.stat().st_mtime_ns for p in (shard / "separability").iterdir()}
@@ -185,7 +186,7 @@ def test_torchrun_smollm2_equals_one_process(tmp_path: Path) -> None:
     args = ["--n-seqs", "2", "--seq-len", "64", "--batch-size", "1", "--no-diagnostics"]
     one = _run([sys.executable], [*args, "--out", str(tmp_path / "one")], _env())
     assert one.returncode == 0, one.stderr[-2000:]
-    two = _run(TORCHRUN, [*args, "--out", str(tmp_path / "two")], _env())
+    two = _run(torchrun(tmp_path), [*args, "--out", str(tmp_path / "two")], _env())
     assert two.returncode == 0, two.stderr[-2000:]
     _assert_same_tables(tmp_path / "one", tmp_path / "two")
 
@@ -228,7 +229,7 @@ def test_torchrun_sparsify_equals_one_process(tiny_dir: Path, tmp_path: Path) ->
     # --local-unit, not --local: torchrun's own parser reads --local as an abbreviation of its --local-addr
     one = _run([sys.executable], [*args, "--out", str(tmp_path / "one")], _env(), command="sparsify")
     assert one.returncode == 0, one.stderr[-2000:]
-    two = _run(TORCHRUN, [*args, "--out", str(tmp_path / "two")], _env(), command="sparsify")
+    two = _run(torchrun(tmp_path), [*args, "--out", str(tmp_path / "two")], _env(), command="sparsify")
     assert two.returncode == 0, two.stderr[-2000:]
     for name in ("curve.parquet", "n_star.parquet", "local.parquet"):
         a, b = pd.read_parquet(tmp_path / "one" / name), pd.read_parquet(tmp_path / "two" / name)
