@@ -75,10 +75,11 @@ def run_analysis(
 
 @dataclass
 class Wiring:
-    """The observers of one run: row observers (taken after every batch, joined on the key columns;
-    separability first) and accumulators (whose states are saved after every batch, by name)."""
+    """The observers of one run, each by the name of its part of the analysis: row observers
+    (taken after every batch, joined on the key columns; separability first) and accumulators (whose
+    states are saved after every batch, by name)."""
 
-    rows: list[RowObserver]
+    rows: dict[str, RowObserver]
     accumulators: dict[str, Observer]
     diagnostics: DiagnosticsObserver | None = None
     taxonomy: TaxonomyObserver | None = None
@@ -89,9 +90,9 @@ class Wiring:
         separability = SeparabilityObserver(
             info, s.ns, s.dtype, s.rank_by, s.distance, s.n_random, s.seed, kernel=s.kernel
         )
-        rows: list[RowObserver] = [separability]
+        rows: dict[str, RowObserver] = {"separability": separability}
         if s.bounds:
-            rows.append(BoundsObserver(info, s.ns, s.kappa, s.dtype, s.rho))
+            rows["bounds"] = BoundsObserver(info, s.ns, s.kappa, s.dtype, s.rho)
         diag = DiagnosticsObserver(info, k_max=s.k_max) if s.diagnostics else None
         tax = TaxonomyObserver(info, s.ns, s.dtype) if s.taxonomy else None
         accumulators: dict[str, Observer] = {k: v for k, v in (("diagnostics", diag), ("taxonomy", tax)) if v}
@@ -100,17 +101,17 @@ class Wiring:
     def named(self) -> dict[str, Observer]:
         """Every observer by the name of its part of the analysis: ``separability``, ``bounds``,
         ``diagnostics``, ``taxonomy`` (those the plan asks for), in the order they observe."""
-        names = {SeparabilityObserver: "separability", BoundsObserver: "bounds"}
-        return {**{names[type(obs)]: obs for obs in self.rows}, **self.accumulators}
+        return {**self.rows, **self.accumulators}
 
     def columns(self) -> list[str]:
         """The float columns of the joined row table (after the key columns)."""
-        return [c for obs in self.rows for c in getattr(obs, "columns", [])]
+        return [c for obs in self.rows.values() for c in getattr(obs, "columns", [])]
 
     def take_rows(self) -> pd.DataFrame:
         """The rows of the last batch, every row observer's columns side by side."""
-        table = self.rows[0].take()
-        for obs in self.rows[1:]:
+        first, *others = self.rows.values()
+        table = first.take()
+        for obs in others:
             extra = obs.take()  # one ranking (the bounds: attention selection)
             attrs = {**table.attrs, **extra.attrs}
             extra = extra.assign(rank_by=REFERENCE_RANKING)
