@@ -91,7 +91,11 @@ def bucket_max_measured(
     candidates = (exact[:, 1:, :] >= need_kb).any(dim=1)  # [r, K]: columns to recompute
     for row in torch.nonzero(candidates.any(dim=-1)).flatten().tolist():
         cols = torch.nonzero(candidates[row]).flatten()
-        dots = units[row] @ units[row, cols].T  # [K, c], float64
+        # one product per distinct vector, as rho_out_measured forms them: BLAS may round a column's
+        # products differently beside other columns, so both paths take the same columns at once
+        kept, position = column_representatives(units[row].detach().cpu().numpy(), cols.cpu().numpy())
+        dots = units[row] @ units[row, torch.from_numpy(kept).to(units.device)].T  # [K, c'], float64
+        dots = dots[:, torch.from_numpy(position).to(units.device)]  # [K, c]: each column's representative
         per_bucket = torch.full((len(starts), cols.shape[0]), -torch.inf, dtype=torch.float64, device=units.device)
         per_bucket.scatter_reduce_(0, of_rank[:, None].expand_as(dots), dots, "amax")
         later = torch.arange(len(starts), device=units.device)[:, None] > of_rank[cols][None, :]
@@ -141,7 +145,8 @@ def distinct_columns(units: np.ndarray, cols: np.ndarray, min_columns: int | Non
 
     Such a column has the same cosines as the lower one and counts for fewer sizes, so it never
     sets a maximum of :func:`rho_out_measured`. Fewer than ``min_columns`` columns (None:
-    :data:`DISTINCT_MIN_COLUMNS`) are returned as they are.
+    :data:`DISTINCT_MIN_COLUMNS`) are returned as they are. :func:`column_representatives` also
+    gives each column's representative among them.
 
     >>> import numpy as np
     >>> u = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.6, 0.8]])
@@ -150,11 +155,31 @@ def distinct_columns(units: np.ndarray, cols: np.ndarray, min_columns: int | Non
     >>> distinct_columns(u, np.array([1, 2, 3]), min_columns=2).tolist(), distinct_columns(u, np.arange(4)).tolist()
     ([1, 2, 3], [0, 1, 2, 3])
     """
+    return column_representatives(units, cols, min_columns)[0]
+
+
+def column_representatives(
+    units: np.ndarray, cols: np.ndarray, min_columns: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`distinct_columns` ``kept``, and for each of ``cols`` the position in ``kept`` of the
+    lowest-ranked column with the same unit vector (itself where it is kept).
+
+    >>> import numpy as np
+    >>> u = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.6, 0.8]])
+    >>> kept, position = column_representatives(u, np.arange(4), min_columns=2)
+    >>> kept.tolist(), position.tolist()
+    ([0, 1, 3], [0, 1, 0, 2])
+    """
     if cols.shape[0] < (DISTINCT_MIN_COLUMNS if min_columns is None else min_columns):
-        return cols
+        return cols, np.arange(cols.shape[0])
     rows = np.ascontiguousarray(units[cols])
-    _, first = np.unique(rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))), return_index=True)
-    return cols[np.sort(first)]
+    _, first, vector_of = np.unique(
+        rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))), return_index=True, return_inverse=True
+    )
+    by_rank = np.argsort(first)  # the distinct vectors in the order of their first column
+    position = np.empty_like(by_rank)
+    position[by_rank] = np.arange(by_rank.shape[0])
+    return cols[first[by_rank]], position[vector_of.reshape(-1)]
 
 
 def bucket_max_matrix(rho: Float[Tensor, "r k k"], ns: Int[Tensor, " g"], sink_rank: Int[Tensor, " r"]) -> Tensor:
