@@ -39,6 +39,8 @@ from tl_geometry.theory.bounds import (
 from tl_geometry.theory.observer import BOUNDS_COLUMNS, BoundsObserver, envelopes, join_bounds
 from tl_geometry.theory.size_phases import PiecewiseProfile, phase_boundaries, size_phases
 
+bounds_module = importlib.import_module("tl_geometry.theory.bounds")  # the module (tl_geometry.theory.bounds is the function)
+
 # ----------------------------------------------------------------------------- reference
 
 
@@ -252,15 +254,22 @@ def _row(k_keys=8, d=4, seed=0, sink_weight=0.5):
     return w, v
 
 
+@pytest.mark.parametrize("scan_max", [0, 3, 64], ids=["sorted", "some-scanned", "all-scanned"])
 @pytest.mark.parametrize("seed", range(3))
-def test_compiled_search_equals_torch_searchsorted(seed):
+def test_compiled_search_equals_torch_searchsorted(seed, scan_max, monkeypatch):
     # the compiled bracketing of c_i + xi* sigma among the outside values against torch.searchsorted,
-    # bit for bit: ties (few distinct c), targets equal to an outside value (sigma = 0), c_j < c_i
+    # bit for bit: ties (few distinct c), targets equal to an outside value (sigma = 0), c_j < c_i,
+    # -0.0 beside 0.0; the small sizes by a scan of the unsorted outside values (SCAN_MAX_INSIDE)
+    monkeypatch.setattr(bounds_module, "SCAN_MAX_INSIDE", scan_max)
+    skipped = []
+    sort = bounds_module.sorted_outside
+    monkeypatch.setattr(bounds_module, "sorted_outside", lambda c, ns, skip=None: skipped.append(skip) or sort(c, ns, skip))
     g = torch.Generator().manual_seed(seed)
     n_rows, k_keys = 5, 41
     ns = torch.tensor([1, 2, 3, 7, 20, 40, 41])
     c = torch.randint(-3, 4, (n_rows, ns.shape[0], k_keys), generator=g).to(torch.float64)
     c[1] = torch.randn(ns.shape[0], k_keys, generator=g, dtype=torch.float64)
+    c[4] = torch.where(torch.rand(c[4].shape, generator=g) < 0.5, -c[4], c[4])  # -0.0 and 0.0 both
     sigma = torch.rand(n_rows, ns.shape[0], generator=g, dtype=torch.float64)
     sigma[2] = 0.0
     sigma[3] = 1.0 / XI_STAR  # targets c_i + 1: on the integer outside values
@@ -268,12 +277,31 @@ def test_compiled_search_equals_torch_searchsorted(seed):
     masked = sort_last(torch.where(inside[:, None], torch.inf, c.transpose(0, 1)))
     assert torch.equal(sorted_outside(c, ns), masked)  # per-size sorts against one masked sort
     got = max_p_over_outside(c, ns, sigma, compiled=True)
+    assert skipped[-1].tolist() == (ns <= scan_max).tolist()  # these sizes were scanned, not sorted
     expected = max_p_over_outside(c, ns, sigma, compiled=False)
     assert torch.equal(got[1], expected[1])
     assert torch.equal(got[0], expected[0])
     assert (got[0] == 0.5).any() and ((got[0] > 0) & (got[0] < 0.5)).any()
     with pytest.raises(InputError, match="compiled=True needs numba"):
         max_p_over_outside(c.to("meta"), ns, sigma, compiled=True)
+
+
+@pytest.mark.parametrize("bad", [torch.inf, -torch.inf, torch.nan])
+def test_compiled_search_sorts_every_size_where_c_is_not_finite(bad, monkeypatch):
+    # a non-finite c (overflow) anywhere: no size is scanned, and the result is still torch's, bit for bit
+    monkeypatch.setattr(bounds_module, "SCAN_MAX_INSIDE", 64)
+    g = torch.Generator().manual_seed(3)
+    ns = torch.tensor([2, 3, 7, 20])
+    c = torch.randn(3, ns.shape[0], 30, generator=g, dtype=torch.float64)
+    c[1, 2, 25], c[2, 0, 1] = bad, bad  # an outside and an inside value
+    sigma = torch.rand(3, ns.shape[0], generator=g, dtype=torch.float64)
+    skipped = []
+    sort = bounds_module.sorted_outside
+    monkeypatch.setattr(bounds_module, "sorted_outside", lambda c, ns, skip=None: skipped.append(skip) or sort(c, ns, skip))
+    got = max_p_over_outside(c, ns, sigma, compiled=True)
+    expected = max_p_over_outside(c, ns, sigma, compiled=False)
+    assert not skipped[0].any()
+    assert torch.equal(got[0].nan_to_num(-1.0), expected[0].nan_to_num(-1.0))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])

@@ -25,7 +25,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from tl_geometry.core.checks import check_row_inputs, typechecked
+from tl_geometry.core.checks import all_finite, check_row_inputs, typechecked
 from tl_geometry.core.fused import AVAILABLE, grid_sums, use_compiled
 from tl_geometry.core.layouts import causal_rows, pack_rows
 from tl_geometry.core.rankings import selection_order
@@ -38,6 +38,10 @@ if AVAILABLE:  # whether numba imports is decided once, in fused.py; without it:
 
 #: Working-set size of one block of ``[rows, sizes, keys]`` tensors (a tuning knob only).
 DEFAULT_BLOCK_BYTES = 64 << 20
+
+#: Sizes with at most this many inside keys bracket their targets by one scan of the outside values
+#: (``N (K - N)`` comparisons, compiled path) instead of sorting them (``benchmarks/bench_bounds.py``).
+SCAN_MAX_INSIDE = 16
 
 #: Where ``phi(x) / (x + 1/x)`` peaks on ``x > 0``: the root of ``1 - 2 x^2 - x^4``.
 XI_STAR = math.sqrt(math.sqrt(2.0) - 1.0)
@@ -433,16 +437,21 @@ def max_p_over_outside(c: Tensor, ns: Tensor, sigma: Tensor, *, compiled: bool |
 
     ``compiled``: the searches and the arithmetic around them in two numba passes, with torch's
     ``exp`` between them (None: where numba imports and ``c`` is a float64 CPU tensor), or
-    ``torch.searchsorted`` and tensor operations; the results are the same, bit for bit.
+    ``torch.searchsorted`` and tensor operations; the results are the same, bit for bit. The
+    compiled path brackets the targets of a size with at most :data:`SCAN_MAX_INSIDE` inside keys by
+    one scan of its outside values, unsorted (the same neighbours where every ``c`` and ``sigma``
+    is finite; otherwise every size is sorted).
     """
     compiled = use_compiled(compiled, c, float64=True, reference="torch.searchsorted")
     n_rows, n_sizes, n_keys = c.shape
-    outside_sorted = sorted_outside(c, ns)  # [G, r, K]
     sizes = [(g, int(n)) for g, n in enumerate(ns.tolist()) if 1 < n < n_keys]
     counts = np.array([n for _, n in sizes], dtype=np.int64)
     size_of_np = np.repeat(np.array([g for g, _ in sizes], dtype=np.int64), counts)
     if compiled:
-        return _max_p_compiled(c, outside_sorted, ns, sigma, size_of_np, counts), torch.from_numpy(size_of_np)
+        scan = (ns <= SCAN_MAX_INSIDE).numpy() & (all_finite(c) and all_finite(sigma))
+        outside_sorted = sorted_outside(c, ns, skip=scan)  # [G, r, K]: the scanned sizes left unsorted
+        return _max_p_compiled(c, outside_sorted, ns, sigma, size_of_np, counts, scan), torch.from_numpy(size_of_np)
+    outside_sorted = sorted_outside(c, ns)  # [G, r, K]
     size_of = torch.from_numpy(size_of_np).to(c.device)
     rank_of = torch.from_numpy(np.arange(size_of_np.shape[0]) - np.repeat(np.cumsum(counts) - counts, counts))
     c_in = c[:, size_of, rank_of.to(c.device)]  # [r, L]
@@ -484,11 +493,18 @@ def _bracket_torch(
 
 
 def _max_p_compiled(
-    c: Tensor, outside_sorted: Tensor, ns: Tensor, sigma: Tensor, size_of: np.ndarray, counts: np.ndarray
+    c: Tensor,
+    outside_sorted: Tensor,
+    ns: Tensor,
+    sigma: Tensor,
+    size_of: np.ndarray,
+    counts: np.ndarray,
+    scan: np.ndarray,
 ) -> Tensor:
-    """The compiled path of :func:`max_p_over_outside`: the searches and ``xi`` (one pass), torch's
-    ``exp`` of ``-xi^2 / 2`` for the upper and the lower neighbours (each a ``[r, L]`` array, as the
-    torch path lays them out), then ``p`` and the maxima (one pass)."""
+    """The compiled path of :func:`max_p_over_outside`: the searches (or scans, for the sizes
+    ``scan``) and ``xi`` (one pass), torch's ``exp`` of ``-xi^2 / 2`` for the upper and the lower
+    neighbours (each a ``[r, L]`` array, as the torch path lays them out), then ``p`` and the
+    maxima (one pass)."""
     n_rows = c.shape[0]
     shape = (2, n_rows, size_of.shape[0])  # [neighbour above, below the target; r; L]
     safe, exponent = np.empty(shape), np.empty(shape)
@@ -501,6 +517,7 @@ def _max_p_compiled(
         sigma.detach().contiguous().numpy(),
         size_of,
         counts,
+        np.ascontiguousarray(scan, dtype=np.bool_),
         safe,
         exponent,
         case,
@@ -516,11 +533,35 @@ def _max_p_compiled(
 _P_OF_XI, _HALF, _ZERO = 0, 1, 2
 
 
-def _xi_pass(c, outside_sorted, ns, sigma, size_of, counts, safe, exponent, case, below):  # pragma: no cover
-    """Per row and inside key: :func:`_bracket_torch`'s search (torch.searchsorted's lower bound), then
-    for each neighbour ``xi`` as :func:`_xi`, and the argument ``-0.5 xi^2`` of :func:`p_of_xi`'s
-    ``exp`` in the same operations (``safe`` is ``xi`` where ``xi > 0``, else 1)."""
+def _scan_outside(c_row, n_in, sig, above, below):  # pragma: no cover - compiled
+    """For each inside key ``i < n_in`` of one row and size, over the outside values ``c_row[n_in:]``
+    (all finite, unsorted): the smallest ``>= c_i + XI_STAR sig`` (``above``; +inf where none) and
+    the largest below it (``below``; -inf where none), the neighbours a search of the sorted values
+    finds; returns the smallest outside value."""
+    low = np.inf
+    for j in range(n_in, c_row.shape[0]):
+        low = c_row[j] if c_row[j] < low else low
+    for i in range(n_in):
+        target = c_row[i] + XI_STAR * sig
+        up, down = np.inf, -np.inf
+        for j in range(n_in, c_row.shape[0]):
+            v = c_row[j]
+            if v >= target:
+                up = v if v < up else up
+            else:
+                down = v if v > down else down
+        above[i], below[i] = up, down
+    return low
+
+
+def _xi_pass(c, outside_sorted, ns, sigma, size_of, counts, scan, safe, exponent, case, below):  # pragma: no cover
+    """Per row and inside key: :func:`_bracket_torch`'s search (torch.searchsorted's lower bound; for
+    the sizes ``scan``, the same neighbours by :func:`_scan_outside`), then for each neighbour ``xi``
+    as :func:`_xi`, and the argument ``-0.5 xi^2`` of :func:`p_of_xi`'s ``exp`` in the same
+    operations (``safe`` is ``xi`` where ``xi > 0``, else 1)."""
     n_keys = outside_sorted.shape[2]
+    above, beneath = np.empty(n_keys), np.empty(n_keys)  # per inside key of a scanned size
+    lowest = np.inf
     for r in range(c.shape[0]):
         key = 0
         for s in range(counts.shape[0]):
@@ -528,23 +569,32 @@ def _xi_pass(c, outside_sorted, ns, sigma, size_of, counts, safe, exponent, case
             n = n_keys - ns[g]
             row = outside_sorted[g, r]
             sig = sigma[r, g]
+            if scan[g]:
+                lowest = _scan_outside(c[r, g], ns[g], sig, above, beneath)
             for rank in range(counts[s]):
                 c_in = c[r, g, rank]
-                value = c_in + XI_STAR * sig
-                start, end = 0, n_keys
-                while start < end:
-                    mid = start + ((end - start) >> 1)
-                    if not (row[mid] >= value):
-                        start = mid + 1
-                    else:
-                        end = mid
-                below[r, key] = row[0] < c_in
+                if scan[g]:  # the neighbours the search below finds, among the same (finite) values
+                    up, up_ok = above[rank], above[rank] < np.inf
+                    down, down_ok = beneath[rank], beneath[rank] > -np.inf
+                    below[r, key] = lowest < c_in
+                else:
+                    value = c_in + XI_STAR * sig
+                    start, end = 0, n_keys
+                    while start < end:
+                        mid = start + ((end - start) >> 1)
+                        if not (row[mid] >= value):
+                            start = mid + 1
+                        else:
+                            end = mid
+                    up, up_ok = row[min(start, n - 1)], start < n
+                    down, down_ok = row[max(start - 1, 0)], start >= 1
+                    below[r, key] = row[0] < c_in
                 for h in range(2):
                     if h == 0:
-                        neighbour, ok = row[min(start, n - 1)], start < n
+                        neighbour, ok = up, up_ok
                     else:
-                        neighbour = row[max(start - 1, 0)]
-                        ok = start >= 1 and neighbour > c_in
+                        neighbour = down
+                        ok = down_ok and neighbour > c_in
                     diff = neighbour - c_in if ok else 0.0
                     if sig > 0:
                         xi = diff / sig
@@ -589,15 +639,19 @@ def _p_pass(safe, decay, case, below, out):  # pragma: no cover - compiled
 
 
 if AVAILABLE:
+    _scan_outside = numba.njit(cache=True, nogil=True)(_scan_outside)
     _xi_kernel = numba.njit(cache=True, nogil=True)(_xi_pass)
     _p_kernel = numba.njit(cache=True, nogil=True)(_p_pass)
 
 
-def sorted_outside(c: Float[Tensor, "r g k"], ns: Int[Tensor, " g"]) -> Float[Tensor, "g r k"]:
+def sorted_outside(
+    c: Float[Tensor, "r g k"], ns: Int[Tensor, " g"], skip: np.ndarray | None = None
+) -> Float[Tensor, "g r k"]:
     """Per size ``N_g`` and row, the outside values ``c[r, g, N_g:]`` sorted, then ``+inf`` up to ``K``.
 
     On the CPU each size's outside values are copied and sorted in place with numpy (the inside
-    ones are never sorted); elsewhere one masked :func:`sort_last`.
+    ones are never sorted), except the sizes where ``skip`` [g] (bool) is true: left unwritten;
+    elsewhere one masked :func:`sort_last`.
 
     >>> import torch
     >>> sorted_outside(torch.tensor([[[3.0, 1.0, 2.0], [3.0, 1.0, 2.0]]]), torch.tensor([1, 2])).tolist()
@@ -610,6 +664,8 @@ def sorted_outside(c: Float[Tensor, "r g k"], ns: Int[Tensor, " g"]) -> Float[Te
     values = c.detach().numpy()
     out = np.empty((ns.shape[0], n_rows, n_keys), dtype=values.dtype)
     for g, n in enumerate(ns.tolist()):
+        if skip is not None and skip[g]:
+            continue
         out[g, :, : n_keys - n] = values[:, g, n:]
         out[g, :, n_keys - n :] = np.inf
         out[g, :, : n_keys - n].sort(axis=-1)
