@@ -211,7 +211,9 @@ def _compute(
     device = weights.device
     q_t = torch.tensor(queries, dtype=torch.int64, device=device)
     causal = torch.arange(n_pos, device=device) <= q_t[:, None]  # [query, key]
-    weights = torch.where(causal, weights, 0).to(torch.float64)
+    # in the given dtype: each block takes its rows in float64 (float32 and float16 convert exactly),
+    # so that no float64 copy of every row is made at once (on a busy heap: fresh pages, faulted in)
+    weights = torch.where(causal, weights, 0)
     values = values[:, : max(queries) + 1]  # the keys some row sees
     check_row_inputs(weights, values)
     values, kv_head_of = _grouped(values, kv_head_of)
@@ -373,7 +375,7 @@ def _solve_all(problem: "_Problem", blocks: list[Tensor], out: dict[str, Tensor]
 class _Problem:
     """One layer's rows; :meth:`solve` computes one block of queries into the output tensors."""
 
-    weights: Tensor  # [b, h, Q, L] float64, zero after q
+    weights: Tensor  # [b, h, Q, L] the given dtype, zero after q (a block converts its rows to float64)
     values: Tensor  # [b, L, g, d] float64
     kv_head_of: Tensor  # [h], consecutive equal groups
     queries: Tensor  # [Q] int64
@@ -429,7 +431,7 @@ class _BlockRows:
     @classmethod
     def of(cls, problem: _Problem, block: Tensor, q: Tensor, n_keys: int) -> "_BlockRows":
         n_kv = problem.values.shape[2]
-        w = problem.weights[:, :, block, :n_keys]  # [b, h, Qb, K]
+        w = problem.weights[:, :, block, :n_keys].to(torch.float64)  # [b, h, Qb, K]
         w = einops.rearrange(w, "b (g j) q k -> (b g) j q k", g=n_kv)
         v = einops.rearrange(problem.values[:, :n_keys], "b k g d -> (b g) k d")
         # the per-row scaling of tl_geometry.core.separability: keys 0..q of each row
