@@ -39,7 +39,8 @@ from tl_geometry.theory.bounds import (
 from tl_geometry.theory.observer import BOUNDS_COLUMNS, BoundsObserver, envelopes, join_bounds
 from tl_geometry.theory.size_phases import PiecewiseProfile, phase_boundaries, size_phases
 
-bounds_module = importlib.import_module("tl_geometry.theory.bounds")  # the module (tl_geometry.theory.bounds is the function)
+#: The module (``tl_geometry.theory.bounds`` is the function)
+bounds_module = importlib.import_module("tl_geometry.theory.bounds")
 
 # ----------------------------------------------------------------------------- reference
 
@@ -254,6 +255,16 @@ def _row(k_keys=8, d=4, seed=0, sink_weight=0.5):
     return w, v
 
 
+def _record_skipped_sizes(monkeypatch) -> list:
+    """The ``skip`` of every ``sorted_outside`` call (the sizes left to the scan), in a list."""
+    skipped: list = []
+    sort = bounds_module.sorted_outside
+    monkeypatch.setattr(
+        bounds_module, "sorted_outside", lambda c, ns, skip=None: skipped.append(skip) or sort(c, ns, skip)
+    )
+    return skipped
+
+
 @pytest.mark.parametrize("scan_max", [0, 3, 64], ids=["sorted", "some-scanned", "all-scanned"])
 @pytest.mark.parametrize("seed", range(3))
 def test_compiled_search_equals_torch_searchsorted(seed, scan_max, monkeypatch):
@@ -261,9 +272,7 @@ def test_compiled_search_equals_torch_searchsorted(seed, scan_max, monkeypatch):
     # bit for bit: ties (few distinct c), targets equal to an outside value (sigma = 0), c_j < c_i,
     # -0.0 beside 0.0; the small sizes by a scan of the unsorted outside values (SCAN_MAX_INSIDE)
     monkeypatch.setattr(bounds_module, "SCAN_MAX_INSIDE", scan_max)
-    skipped = []
-    sort = bounds_module.sorted_outside
-    monkeypatch.setattr(bounds_module, "sorted_outside", lambda c, ns, skip=None: skipped.append(skip) or sort(c, ns, skip))
+    skipped = _record_skipped_sizes(monkeypatch)
     g = torch.Generator().manual_seed(seed)
     n_rows, k_keys = 5, 41
     ns = torch.tensor([1, 2, 3, 7, 20, 40, 41])
@@ -295,9 +304,7 @@ def test_compiled_search_sorts_every_size_where_c_is_not_finite(bad, monkeypatch
     c = torch.randn(3, ns.shape[0], 30, generator=g, dtype=torch.float64)
     c[1, 2, 25], c[2, 0, 1] = bad, bad  # an outside and an inside value
     sigma = torch.rand(3, ns.shape[0], generator=g, dtype=torch.float64)
-    skipped = []
-    sort = bounds_module.sorted_outside
-    monkeypatch.setattr(bounds_module, "sorted_outside", lambda c, ns, skip=None: skipped.append(skip) or sort(c, ns, skip))
+    skipped = _record_skipped_sizes(monkeypatch)
     got = max_p_over_outside(c, ns, sigma, compiled=True)
     expected = max_p_over_outside(c, ns, sigma, compiled=False)
     assert not skipped[0].any()
