@@ -77,8 +77,10 @@ typecheck: setup
 	$(VENV)/bin/mypy
 
 # every `>>>` example in the package's docstrings runs
+# in a temporary folder of its own, removed after: the examples' tempfile.mkdtemp() folders go there
 doctest: setup
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q --doctest-modules tl_geometry
+	@tmp=$$(mktemp -d); OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TMPDIR=$$tmp $(PY) -m pytest -q --doctest-modules tl_geometry; \
+	status=$$?; rm -rf "$$tmp"; exit $$status
 
 # python -m build makes a wheel that installs into a fresh venv and imports from there
 wheel-check: setup
