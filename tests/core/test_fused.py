@@ -8,6 +8,8 @@ and both screening dtypes, and every metric must be equal bit for bit.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
@@ -16,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_query_engine import kv_heads, layer_rows
 
-from tl_geometry.core import fused
-from tl_geometry.core.query_engine import separability_queries
+from tl_geometry.core import fused, query_engine
+from tl_geometry.core.query_engine import GRAM_MAX_EXPONENT, separability_queries
 from tl_geometry.errors import InputError
 
 pytestmark = pytest.mark.skipif(not fused.AVAILABLE, reason="numba is not installed")
@@ -42,10 +44,9 @@ def layers(draw):
     return weights, values * scale
 
 
-@settings(max_examples=40, deadline=None)
-@given(layers(), st.sampled_from(["euclidean", "cosine"]), st.sampled_from([torch.float64, torch.float32]),
-       st.sampled_from(["log", "all", [1, 3, 2]]))  # fmt: skip
-def test_fused_screen_equals_the_torch_screen(layer, distance, screen, ns):
+def rows_for(layer, ns):
+    """The layer's weights, values, query positions and sizes: a list of sizes cut to the keys there
+    are, and only the queries that see its largest."""
     weights, values = layer
     n_keys = weights.shape[-1]
     if isinstance(ns, list):
@@ -53,7 +54,14 @@ def test_fused_screen_equals_the_torch_screen(layer, distance, screen, ns):
         positions = [q for q in range(n_keys) if q + 1 >= max(ns)]
     else:
         positions = list(range(n_keys))
-    weights = weights[:, :, positions]
+    return weights[:, :, positions], values, positions, ns
+
+
+@settings(max_examples=40, deadline=None)
+@given(layers(), st.sampled_from(["euclidean", "cosine"]), st.sampled_from([torch.float64, torch.float32]),
+       st.sampled_from(["log", "all", [1, 3, 2]]))  # fmt: skip
+def test_fused_screen_equals_the_torch_screen(layer, distance, screen, ns):
+    weights, values, positions, ns = rows_for(layer, ns)
     kw = dict(distance=distance, screen=screen, block_cells=300)
     ref = separability_queries(weights, values, positions, kv_heads(4, 2), ns, kernel="torch", **kw)
     got = separability_queries(weights, values, positions, kv_heads(4, 2), ns, kernel="numba", **kw)
@@ -67,6 +75,57 @@ def test_fused_screen_equals_the_torch_screen_for_other_rankings(rank_by):
     ref = separability_queries(weights, values, list(range(16)), kv_heads(4, 2), "all", kernel="torch", **kw)
     got = separability_queries(weights, values, list(range(16)), kv_heads(4, 2), "all", kernel="numba", **kw)
     assert_bit_identical(ref, got)
+
+
+@settings(max_examples=40, deadline=None)
+@given(layers(), st.sampled_from(["log", "all", [1, 3, 2]]))
+def test_the_gram_route_equals_the_value_route(layer, ns):
+    """The products formed in the pass from the Gram matrix (float64, a band that grows with ``N``)
+    or by the value product (float32 or float64): every metric the same, bit for bit, and the torch
+    screen's."""
+    weights, values, positions, ns = rows_for(layer, ns)
+    run = partial(separability_queries, weights, values, positions, kv_heads(4, 2), ns, block_cells=300)
+    calls = []
+    ref = run(kernel="torch")
+    with spy_on_gram(calls):
+        gram = run(products="gram")
+    values32 = run(products="values")
+    assert_bit_identical(ref, gram)
+    assert_bit_identical(ref, values32)
+    # the Gram route ran unless the values' scale is beyond its range (then the value route runs)
+    exponent = int(torch.frexp(values.abs().amax()).exponent)
+    assert bool(calls) == (abs(exponent) <= GRAM_MAX_EXPONENT)
+
+
+def test_auto_takes_the_gram_route_for_short_rows_and_the_product_for_long_ones(monkeypatch):
+    """``products="auto"`` per block: the Gram route where ``GRAM_COST K <= G d``; both give the same."""
+    weights, values = layer_rows("random", 40, d=6, seed=5)
+    positions = list(range(40))
+    routes = {}
+    for cost, expect in ((1, True), (1000, False)):
+        monkeypatch.setattr(query_engine, "GRAM_COST", cost)
+        calls = []
+        with spy_on_gram(calls):
+            routes[cost] = separability_queries(weights, values, positions, kv_heads(4, 2), "all")
+        assert bool(calls) == expect
+    assert_bit_identical(routes[1], routes[1000])
+
+
+class spy_on_gram:
+    """Records the calls of ``fused.gram_screen_counts`` made inside the ``with`` block."""
+
+    def __init__(self, calls):
+        self.calls, self.original = calls, fused.gram_screen_counts
+
+    def __enter__(self):
+        def spy(**kw):
+            self.calls.append(kw["order"].shape)
+            return self.original(**kw)
+
+        fused.gram_screen_counts = spy
+
+    def __exit__(self, *exc):
+        fused.gram_screen_counts = self.original
 
 
 def test_the_cells_to_recheck_outgrow_their_first_buffer():
@@ -276,3 +335,74 @@ def test_grid_sums_equal_a_loop_and_cumsum(n_rows, n_keys, dim, sizes, by_order,
                 key = t if order is None else int(order[r, t])
                 total = total + values[r, key] * factor[r, t]
             assert torch.equal(got[r, g], total)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 2), st.integers(1, 9), st.integers(1, 7), st.integers(1, 4), st.integers(0, 2**16))
+def test_gram_screen_counts_equal_the_loops_over_every_row(n_groups, n_keys, n_rows, dim, seed):
+    """The Gram route's kernel against the documented decisions one cell at a time: the products
+    ``x_scale sum_{t<N} factor_t G[i, order_t]`` summed in ``t`` order, the band's added term
+    ``4 (d + 2 N + 8) u A(N) ||y_i||`` (as ``s + 2 (d + 2 N + 8) u A / coef``) and its floor."""
+    rng = np.random.default_rng(seed)
+    v = np.round(rng.normal(size=(n_groups, n_keys, dim)), 1)  # ties
+    gram = v @ v.swapaxes(1, 2)
+    q = rng.integers(0, n_keys, n_rows)
+    ns = np.sort(rng.integers(1, q[:, None] + 2, (n_rows, 3)), axis=1)
+    w = rng.choice([0.0, 0.125, 0.5, rng.uniform()], size=(n_groups, n_rows, n_keys))
+    exponent = rng.integers(-1, 3, (n_groups, n_rows))
+    x_scale, row_scale = np.ldexp(1.0, -2 * exponent), np.ldexp(1.0, -exponent)
+    v_norm = np.linalg.norm(v, axis=-1)[:, None, :] * row_scale[..., None]
+    padding = np.arange(n_keys) > q[:, None]  # [E, K]: after the real keys, as the engine orders them
+    order = np.stack([[np.lexsort((-w[p, r], padding[r])) for r in range(n_rows)] for p in range(n_groups)])
+    rank = np.argsort(order, axis=-1)
+    factor = np.take_along_axis(w, order, axis=-1)
+    absolute, s_norm = rng.uniform(0, 0.3, (n_groups, n_rows, 3)), rng.uniform(0, 2, (n_groups, n_rows, 3))
+    coef = 0.05
+    counts, cells = fused.gram_screen_counts(
+        gram, order, factor, w, v_norm, rank, ns, q, x_scale, dim, coef, absolute, s_norm
+    )
+    x = np.zeros((n_groups, n_keys, 3, n_rows))
+    s_band, absolute_band = s_norm.copy(), absolute.copy()
+    for p in range(n_groups):
+        for r in range(n_rows):
+            for g, n in enumerate(ns[r]):
+                acc, lengths = np.zeros(n_keys), 0.0
+                for t in range(n):
+                    acc = acc + factor[p, r, t] * gram[p, order[p, r, t]]
+                    lengths += factor[p, r, t] * v_norm[p, r, order[p, r, t]]
+                x[p, :, g, r] = acc * x_scale[p, r]
+                s_band[p, r, g] += (2 * (dim + 2 * n + 8) * 2.0**-53) * lengths / coef
+                absolute_band[p, r, g] += 8.0 * (x_scale[p, r] * (dim + n) + 2.0) * 5e-324
+    ref_counts, ref_cells = screen_by_loops(
+        x, w.swapaxes(1, 2), v_norm.swapaxes(1, 2), rank.swapaxes(1, 2), ns, q, coef, absolute_band, s_band
+    )
+    assert np.array_equal(counts, ref_counts)
+    assert [c.tolist() for c in cells] == ref_cells
+
+
+def test_gram_screen_counts_needs_sizes_in_order():
+    one = np.ones((1, 1, 2))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        fused.gram_screen_counts(
+            np.ones((1, 2, 2)), np.array([[[0, 1]]]), one, one, one, np.array([[[0, 1]]]), np.array([[2, 1]]),
+            np.array([1]), np.ones((1, 1)), 1, 0.05, one, one,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("epsilon, undecided", [(3e-8, True), (1e-6, False)])
+def test_the_gram_routes_band_covers_its_running_sums(epsilon, undecided):
+    """One row of two keys (d = 1), ``N = 1``: key 1's value ``1 + epsilon`` against the selected
+    key 0's ``1``, so ``E_1 - E_0 = epsilon^2``. The band of the running sums, ``4 (d + 2 N + 8) u
+    A ||y||`` with ``A = 1`` (about 4.9e-15 per key), leaves ``E_1 - E_0 = 9e-16`` undecided against
+    both radii and decides ``1e-12``; the rest of the band is made negligible (``coef = 2^-70``)."""
+    gram = np.array([[[1.0, 1.0 + epsilon], [1.0 + epsilon, (1.0 + epsilon) ** 2]]])
+    w = np.ones((1, 1, 2))
+    v_norm = np.array([[[1.0, 1.0 + epsilon]]])
+    order, rank = np.array([[[0, 1]]]), np.array([[[0, 1]]])
+    zero = np.zeros((1, 1, 1))
+    counts, cells = fused.gram_screen_counts(
+        gram, order, w, w, v_norm, rank, np.array([[1]]), np.array([1]), np.ones((1, 1)), 1, 2.0**-70, zero, zero
+    )
+    # decided: key 1 surely beyond r_max, key 0 surely within r_min; else both measured
+    assert counts[:, 0, 0, 0].tolist() == ([0, 0] if undecided else [0, 1])
+    assert [c.tolist() for c in cells] == ([[0], [1], [1], [0]] if undecided else [[0], [1], [], []])

@@ -100,9 +100,19 @@ def assert_matches_reference(weights, values, positions, ns="all", rank_by="atte
 
 @pytest.mark.parametrize("kind", ["random", "ties", "sink", "flat", "duplicates"])
 @pytest.mark.parametrize("n_keys", [1, 2, 3, 13])
-def test_every_query_equals_reference(kind: str, n_keys: int) -> None:
+@pytest.mark.parametrize("products", ["values", "gram"])
+def test_every_query_equals_reference(kind: str, n_keys: int, products: str) -> None:
     weights, values = layer_rows(kind, n_keys, seed=n_keys)
-    assert_matches_reference(weights, values, list(range(n_keys)))
+    assert_matches_reference(weights, values, list(range(n_keys)), products=products)
+
+
+@pytest.mark.parametrize("kind", ["random", "sink", "duplicates"])
+@pytest.mark.parametrize("ns", ["log", [1, 6, 9]])
+def test_the_gram_routes_running_sums_over_wide_gaps_equal_reference(kind: str, ns) -> None:
+    """Sizes far apart: the Gram route adds many terms between two sizes (four per pass)."""
+    weights, values = layer_rows(kind, 31, n_heads=2, n_kv=1, seed=6, batch=1)
+    positions = [8, 17, 29, 30]
+    assert_matches_reference(weights[:, :, positions], values, positions, ns=ns, products="gram")
 
 
 @pytest.mark.parametrize("rank_by", ["contribution", "sink_window", "random"])
@@ -244,6 +254,8 @@ def test_bad_input_is_refused() -> None:
         separability_queries(bad, values, list(range(6)), kv)
     with pytest.raises(InputError, match="rank_by"):
         separability_queries(weights, values, list(range(6)), kv, rank_by="loudest")
+    with pytest.raises(InputError, match="products must be one of"):
+        separability_queries(weights, values, list(range(6)), kv, products="gramian")
 
 
 @st.composite
@@ -353,14 +365,17 @@ def tiny_weight_layers(draw, distance: str):
 @given(
     st.sampled_from(["euclidean", "cosine"]).flatmap(lambda d: st.tuples(st.just(d), tiny_weight_layers(d))),
     st.sampled_from([torch.float32, torch.float64]),
-    st.sampled_from(["numba", "torch"]),
+    st.sampled_from([("numba", "values"), ("numba", "gram"), ("torch", "values")]),
 )
-def test_property_tiny_weights_and_near_ties_equal_reference(layer, screen, kernel) -> None:
+def test_property_tiny_weights_and_near_ties_equal_reference(layer, screen, kernel_products) -> None:
     """The band of each key scales with its own contribution: the counts stay exact where most keys
-    carry almost nothing and their screening values sit within float32 rounding of each other."""
+    carry almost nothing and their screening values sit within float32 rounding of each other
+    (the Gram route's float64 running sums, whose band also grows with ``N``, included)."""
     distance, (weights, values) = layer
+    kernel, products = kernel_products
     positions = list(range(weights.shape[-1]))
-    assert_matches_reference(weights, values, positions, distance=distance, screen=screen, kernel=kernel)
+    kw = dict(distance=distance, screen=screen, kernel=kernel, products=products)
+    assert_matches_reference(weights, values, positions, **kw)
 
 
 def test_sizes_in_any_order_equal_reference() -> None:

@@ -11,6 +11,10 @@ float64, in the order ``Tensor.nonzero`` gives them on ``[P, K, E, G]``. The ari
 is that of the torch screen, operation by operation, in the screen's dtype (no fast-math: nothing
 reassociated or contracted).
 
+:func:`gram_screen_counts` makes the same passes with the products formed in them: running sums of
+the rows of the Gram matrix ``G = V V^T`` along each row's selection order, ``x = sum_{t<N} w_t
+G[i, o_t]``, in float64, the band widened by their rounding.
+
 Example: ``screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, given=False)`` for the
 ``[P, E, G, K]`` products ``x`` of a block.
 """
@@ -156,13 +160,41 @@ def _grow(cells):  # pragma: no cover - compiled
     return larger
 
 
-def _screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, one, given, counts, cells):  # pragma: no cover
-    # x [P, E, G, K]; w, v_norm, rank [P, E, K]; ns [E, G]; q [E]; absolute, s_norm [P, E, G].
+#: float64's unit roundoff ``2^-53`` and smallest subnormal ``2^-1074`` (the Gram route's band).
+_UNIT = 2.0**-53
+_TINY = 5e-324
+
+
+def _accumulate(gram, order, factor, t, n, last, acc):  # pragma: no cover - compiled
+    """``acc[k] += factor[t] * gram[order[t], k]`` for ``t`` up to ``n`` and ``k < last``, in ``t`` order
+    (four terms per pass over ``acc``, added one after another: the same sums as one at a time)."""
+    while t + 4 <= n:
+        f0, f1, f2, f3 = factor[t], factor[t + 1], factor[t + 2], factor[t + 3]
+        g0, g1, g2, g3 = gram[order[t]], gram[order[t + 1]], gram[order[t + 2]], gram[order[t + 3]]
+        for k in range(last):
+            acc[k] = (((acc[k] + f0 * g0[k]) + f1 * g1[k]) + f2 * g2[k]) + f3 * g3[k]
+        t += 4
+    while t < n:
+        f0, g0 = factor[t], gram[order[t]]
+        for k in range(last):
+            acc[k] = acc[k] + f0 * g0[k]
+        t += 1
+
+
+def _screen_counts(
+    x, gram, order, factor, x_scale, dim, w, v_norm, rank, ns, q, coef, absolute, s_norm, one, given, counts, cells
+):  # pragma: no cover
+    # x [P, E, G, K] the products (the value route), or, where gram [P, L, L] (L >= K) is not
+    # empty, x [0, 0, 0, 0] float64 and the products formed here (the Gram route: order, factor
+    # [P, E, K], x_scale [P, E], ns non-decreasing; see below). w, v_norm, rank [P, E, K]; ns [E, G];
+    # q [E]; absolute, s_norm [P, E, G].
     # counts [2, P, E, G]: the unselected keys surely within r_max, the selected surely within r_min;
     # cells [4, capacity]: flat [P, K, E, G] indices of r_max's candidates, r_min's candidates, the
     # unselected keys undecided against r_max and the selected undecided against r_min. Each row
     # and size is three passes along its keys (contiguous; keys after the row's last never read).
-    n_groups, n_rows, n_sizes, n_keys = x.shape
+    from_gram = gram.shape[0] > 0
+    n_groups, n_rows, n_keys = rank.shape
+    n_sizes = ns.shape[1]
     n_cells = np.zeros(4, dtype=np.int64)
     sq, w2 = np.empty(n_keys, dtype=x.dtype), np.empty(n_keys, dtype=x.dtype)
     cy2, cy = np.empty(n_keys), np.empty(n_keys)
@@ -173,14 +205,33 @@ def _screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, one, given
     # the flags, read eight at a time (as one uint64) by the last look: most words hold none
     flagged = np.zeros(8 * ((n_keys + 7) // 8), dtype=np.bool_)
     flag_words = flagged.view(np.uint64)
+    acc = np.empty(n_keys if from_gram else 0, dtype=x.dtype)  # the Gram route's products of one row
     for p in range(n_groups):
         for r in range(n_rows):
             last = q[r] + 1
             _row_terms(w[p, r], v_norm[p, r], coef, one, given, sq, w2, cy2, cy)
             rank_r = rank[p, r]
+            lengths, t, xs = 0.0, 0, 1.0
+            if from_gram:  # x = xs * acc with xs a power of two, folded into 2 alpha_i
+                xs = x_scale[p, r]
+                for k in range(last):
+                    w2[k] = w2[k] * xs
+                acc[:last] = 0.0
             for g in range(n_sizes):
-                n, s = ns[r, g], s_norm[p, r, g]
-                _intervals(x[p, r, g], sq, w2, cy2, cy, s, absolute[p, r, g], last, lo, hi)
+                n, s, band_floor = ns[r, g], s_norm[p, r, g], absolute[p, r, g]
+                if from_gram:
+                    # the running sums up to N, and the band's term of their rounding: a(N) ||y_i||
+                    # with a(N) = 4 (d + 2N + 8) u A(N), A(N) = sum_{t<N} factor_t ||v_t||, formed as
+                    # cy (s + a / (2 coef)); and their subnormal floor (docs/engine.md)
+                    _accumulate(gram[p], order[p, r], factor[p, r], t, n, last, acc)
+                    for j in range(t, n):
+                        lengths += factor[p, r, j] * v_norm[p, r, order[p, r, j]]
+                    t = n
+                    s = s + (2 * (dim + 2 * n + 8) * _UNIT) * lengths / coef
+                    band_floor = band_floor + 8.0 * (xs * (dim + n) + 2.0) * _TINY
+                    _intervals(acc, sq, w2, cy2, cy, s, band_floor, last, lo, hi)
+                else:
+                    _intervals(x[p, r, g], sq, w2, cy2, cy, s, band_floor, last, lo, hi)
                 _extremes(lo_bits, hi_bits, rank_r, n, last, extremes_bits)
                 m_max, p_max, m_min, p_min = extremes[0], extremes[1], extremes[2], extremes[3]
                 counts[0, p, r, g], counts[1, p, r, g] = _decisions(
@@ -267,6 +318,7 @@ if AVAILABLE:
     _extremes = numba.njit(cache=True)(_extremes)
     _decisions = numba.njit(cache=True)(_decisions)
     _grow = numba.njit(cache=True, inline="never")(_grow)
+    _accumulate = numba.njit(cache=True)(_accumulate)
     _compiled = numba.njit(cache=True, nogil=True)(_screen_counts)
     _compiled_sums = numba.njit(cache=True, nogil=True)(_prefix_sums)
     _compiled_differences = numba.njit(cache=True, nogil=True)(_differences)
@@ -331,10 +383,74 @@ def screen_counts(
     if _compiled is None:  # pragma: no cover
         raise RuntimeError("the fused kernel needs numba: pip install numba, or use kernel='torch'")
     one = np.ones((), dtype=x.dtype)[()]  # in the screen's dtype: float32 arithmetic stays float32
-    counts = np.zeros((2, *absolute.shape), dtype=np.int64)
-    cells = np.empty((4, 2 * absolute.size + 256), dtype=np.int64)  # usually enough; grown if not
-    n_cells, cells = _compiled(x, w, v_norm, rank, ns, q, float(coef), absolute, s_norm, one, given, counts, cells)
+    counts, cells = _outputs(absolute)
+    none, no_keys = np.empty((0, 0, 0)), np.empty((0, 0, 0), dtype=np.int64)
+    n_cells, cells = _compiled(
+        x, none, no_keys, none, np.empty((0, 0)), 0, w, v_norm, rank, ns, q, float(coef), absolute, s_norm, one,
+        given, counts, cells,
+    )  # fmt: skip
     return counts, [np.sort(cells[c, : n_cells[c]]) for c in range(4)]
+
+
+def gram_screen_counts(
+    gram: np.ndarray,
+    order: np.ndarray,
+    factor: np.ndarray,
+    w: np.ndarray,
+    v_norm: np.ndarray,
+    rank: np.ndarray,
+    ns: np.ndarray,
+    q: np.ndarray,
+    x_scale: np.ndarray,
+    dim: int,
+    coef: float,
+    absolute: np.ndarray,
+    s_norm: np.ndarray,
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """:func:`screen_counts` (Euclidean, float64) with the products formed in the pass, from the Gram matrix.
+
+    The product ``<v_i, s(N)>`` of a row is ``x_scale * sum_{t < N} factor_t G[i, order_t]``: a running
+    sum along the row's selection order of the rows of ``G = V V^T``, ``K`` multiply-adds per key and
+    row for all its sizes together, against ``d`` per key and size by the value product; no
+    ``[P, E, G, K]`` product is stored. The band takes the sums' rounding too (docs/engine.md), so the
+    counts and cells decide the same keys surely or not as the definitions require.
+
+    Parameters
+    ----------
+    gram : [P, L, L] float64
+        ``<v_i, v_j>`` of each group's values as given (``L`` at least the block's ``K``).
+    order : [P, E, K] int64
+        Each row's selection order.
+    factor : [P, E, K] float64
+        Each row's scaled weight of its ``t``-th selected key.
+    w, v_norm, rank, q, coef, absolute, s_norm :
+        As for :func:`screen_counts` (float64).
+    ns : [E, G] int64
+        The sizes of each row, non-decreasing.
+    x_scale : [P, E] float64
+        The power of two that takes the Gram's products to the row's scale (``2^(-2 value_exp)``).
+    dim : int
+        ``d``, the values' dimension (the band).
+
+    Returns
+    -------
+    counts, cells : as :func:`screen_counts`.
+    """
+    if _compiled is None:  # pragma: no cover
+        raise RuntimeError("the fused kernel needs numba: pip install numba, or use kernel='torch'")
+    if ns.shape[1] > 1 and bool((ns[:, 1:] < ns[:, :-1]).any()):
+        raise ValueError("gram_screen_counts needs each row's sizes in non-decreasing order")
+    counts, cells = _outputs(absolute)
+    n_cells, cells = _compiled(
+        np.empty((0, 0, 0, 0)), gram, order, factor, x_scale, int(dim), w, v_norm, rank, ns, q, float(coef),
+        absolute, s_norm, np.float64(1.0), False, counts, cells,
+    )  # fmt: skip
+    return counts, [np.sort(cells[c, : n_cells[c]]) for c in range(4)]
+
+
+def _outputs(absolute: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The kernels' counts ``[2, P, E, G]`` and cell lists ``[4, capacity]`` (usually enough; grown if not)."""
+    return np.zeros((2, *absolute.shape), dtype=np.int64), np.empty((4, 2 * absolute.size + 256), dtype=np.int64)
 
 
 def prefix_sums(v: Tensor, order: Tensor, factor: Tensor, at: Tensor, last: Tensor) -> tuple[Tensor, Tensor]:
@@ -490,6 +606,7 @@ __all__ = [
     "cell_coordinates",
     "check_kernel",
     "differences",
+    "gram_screen_counts",
     "grid_sums",
     "prefix_sums",
     "screen_counts",

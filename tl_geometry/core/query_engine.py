@@ -2,9 +2,10 @@
 
 The same metrics as :func:`tl_geometry.core.separability.separability`, for every chosen query
 ``q`` (keys ``0..q``), head and ranking draw of a layer in blocks of queries: the inner products
-``<v_i, s(N)>`` of a whole block come from one matrix product ``V S^T`` per key/value head, rows of
-different lengths share one padded tensor (padding keys score ``-inf`` and never count), and every
-decision is the per-row engine's exact float64 one. How and why: docs/engine.md.
+``<v_i, s(N)>`` of a whole block come from one matrix product ``V S^T`` per key/value head, or from
+running sums of the Gram matrix ``V V^T`` inside the compiled pass where that is cheaper (``products``),
+rows of different lengths share one padded tensor (padding keys score ``-inf`` and never count), and
+every decision is the per-row engine's exact float64 one. How and why: docs/engine.md.
 
 Examples
 --------
@@ -63,6 +64,30 @@ from tl_geometry.errors import InputError
 #: one thread): 1 M 2.25 s, 2 M 1.60 s, 4 M 1.02 s, 8 M 1.07 s, 16 M 1.19 s; see docs/scaling.md.
 DEFAULT_BLOCK_CELLS = 1 << 22
 
+#: How the products ``<v_i, s(N)>`` are formed (``products=``): ``"values"``, one matrix product of
+#: the values and the centres per block; ``"gram"``, running sums of the rows of ``G = V V^T`` along
+#: each row's selection order inside the compiled pass (Euclidean, ``kernel="numba"``); ``"auto"``,
+#: the cheaper per block (:data:`GRAM_COST`).
+PRODUCTS = ("auto", "values", "gram")
+
+#: ``"auto"`` takes the Gram route for a block of ``K`` keys, ``G`` sizes and ``d`` dimensions where
+#: ``GRAM_COST * K <= G * d``: the running sums make ``K`` multiply-adds per key and row, the value
+#: product ``G d``, and a running sum costs about this many times one multiply-add of the product
+#: (measured on SmolLM2-135M layers of 512 and 1024 tokens; docs/scaling.md).
+GRAM_COST = 2
+
+#: The Gram matrices of one call (``P K^2`` float64) take at most this many bytes: the blocks whose
+#: ``K`` would need more take the value route.
+GRAM_MAX_BYTES = 64 << 20
+
+#: The cells a Gram-route row counts per key in a block's budget: its per-key rows (weights, order,
+#: ranks, sorted weights, their running sum, norms) and room; it stores no ``[G, K]`` product.
+GRAM_ROW_CELLS = 8
+
+#: The Gram route takes a block's rows whose value exponents lie within this of 0 (its powers of
+#: two ``2^(-2 value_exp)`` stay far from float64's limits); other blocks take the value route.
+GRAM_MAX_EXPONENT = 200
+
 #: A row whose values' scale lies more than ``2**MAX_SCALE_GAP`` below its block's (values of very
 #: different magnitudes in one window) is not screened: every key of it is decided by direct
 #: float64 distances (exact, only slower).
@@ -111,6 +136,7 @@ def separability_queries(
     block_cells: int = DEFAULT_BLOCK_CELLS,
     kernel: str | None = None,
     screen: torch.dtype | None = None,
+    products: str = "auto",
 ) -> QueryRows:
     """Separability of every head and query row of one layer, all query positions at once.
 
@@ -134,7 +160,8 @@ def separability_queries(
     row_keys : [batch, head, query] int64, optional
         Keys of the rows for ``rank_by="random"`` (:func:`tl_geometry.core.rankings.row_keys`).
     block_cells : int
-        Working-set size of one block (rows x keys x (sizes + d)); a tuning knob only.
+        Working-set size of one block (rows x keys x (sizes + d); on the Gram route rows x
+        (``GRAM_ROW_CELLS`` keys + sizes d)); a tuning knob only.
     kernel : {"numba", "torch"}, optional
         How the screen runs on the CPU: one compiled pass over the keys (``"numba"``, the default
         where numba imports) or tensor operations (``"torch"``, the reference; always on a GPU).
@@ -143,6 +170,12 @@ def separability_queries(
         The dtype of the screen's product and bounds: :data:`SCREEN_DTYPE` (float32) by default, as
         the per-row engine screens; float64 only to compare. The keys the screen cannot call are
         decided in float64 either way, so every metric is the same, bit for bit.
+    products : {"auto", "values", "gram"}
+        How the inner products ``<v_i, s(N)>`` of the screen are formed (:data:`PRODUCTS`): one
+        matrix product per block (``"values"``, in ``screen``'s dtype), running sums of the Gram
+        matrix inside the compiled pass (``"gram"``, float64; Euclidean with ``kernel="numba"``,
+        else the value route), or the cheaper per block (``"auto"``). Every metric is the same,
+        bit for bit.
 
     Returns
     -------
@@ -169,8 +202,12 @@ def separability_queries(
     screen = SCREEN_DTYPE if screen is None else screen
     if screen not in (torch.float32, torch.float64):
         raise InputError(f"screen must be torch.float32 or torch.float64, got {screen}")
+    if products not in PRODUCTS:
+        raise InputError(f"products must be one of {PRODUCTS}, got {products!r}")
     if weights.device.type != "cpu":
         kernel = "torch"  # the compiled pass is a CPU kernel
+    if kernel != "numba" or distance != "euclidean":
+        products = "values"  # the Gram route is a part of the compiled Euclidean pass
     with _block_threads(weights.device) as workers:  # see _solve_all
         return _compute(
             weights,
@@ -187,6 +224,7 @@ def separability_queries(
             block_cells,
             workers,
             kernel,
+            products,
         )
 
 
@@ -205,6 +243,7 @@ def _compute(
     block_cells: int,
     workers: int,
     kernel: str,
+    products: str,
 ) -> QueryRows:
     """:func:`separability_queries` after its checks."""
     n_batch, n_heads, n_queries, n_pos = weights.shape
@@ -236,8 +275,14 @@ def _compute(
         screen,
         kernel,
         _value_exponents(values),
+        products=products,
     )
-    blocks = _blocks(queries, n_batch * n_heads * n_draws, values.shape[-1], grid, block_cells)
+    groups = n_batch * values.shape[2]
+    blocks = _blocks(queries, n_batch * n_heads * n_draws, values.shape[-1], grid, block_cells, products, groups)
+    gram_keys = _gram_keys(blocks, problem, products)
+    if gram_keys:  # <v_i, v_j> of the keys 0..K-1 of the longest Gram-route block, per group
+        keys = einops.rearrange(values[:, :gram_keys], "b k g d -> (b g) k d")
+        problem.gram = torch.bmm(keys, keys.mT).numpy()
     _solve_all(problem, blocks, out, workers)
     # the F-scores of each draw, then means over the draws (definitions §7)
     out["f_at_rmax"] = 2 * out["precision"] / (1 + out["precision"])
@@ -255,6 +300,29 @@ def _compute(
         distance=distance,
         n_draws=n_draws,
     )
+
+
+def _gram_keys(blocks: list[Tensor], problem: "_Problem", products: str) -> int:
+    """The largest ``K`` of the blocks that take the Gram route (0: none)."""
+    if products == "values":
+        return 0
+    dim = problem.values.shape[-1]
+    groups = problem.values.shape[0] * problem.values.shape[2]
+    keys = 0
+    for block in blocks:
+        n_keys = int(problem.queries[block].max()) + 1
+        width = int(problem.grid.valid[block].sum(dim=1).max())
+        if _takes_gram(products, n_keys, width, dim, groups):
+            keys = max(keys, n_keys)
+    return keys
+
+
+def _takes_gram(products: str, n_keys: int, n_sizes: int, dim: int, groups: int) -> bool:
+    """Whether a block of ``n_keys`` keys and ``n_sizes`` sizes (``groups`` key/value heads times the
+    batch) forms its products from the Gram matrix."""
+    if products == "values" or groups * n_keys * n_keys * 8 > GRAM_MAX_BYTES:
+        return False
+    return products == "gram" or GRAM_COST * n_keys <= n_sizes * dim
 
 
 def _value_exponents(values: Tensor) -> Tensor:
@@ -313,9 +381,19 @@ def _grids(ns: object, queries: tuple[int, ...]) -> tuple[Tensor, Tensor]:
     return padded[index], valid[index]
 
 
-def _blocks(queries: tuple[int, ...], rows_per_query: int, dim: int, grid: _Grid, block_cells: int) -> list[Tensor]:
+def _blocks(
+    queries: tuple[int, ...],
+    rows_per_query: int,
+    dim: int,
+    grid: _Grid,
+    block_cells: int,
+    products: str = "values",
+    groups: int = 1,
+) -> list[Tensor]:
     """Query indices in blocks of nearby positions, each within ``block_cells`` (one query at least),
-    none padding its shortest row by more than a quarter (plus 8 keys)."""
+    none padding its shortest row by more than a quarter (plus 8 keys). A row of ``K`` keys and ``G``
+    sizes counts ``K (G + d)`` cells (the value product's ``[G, K]`` and the sums' ``[K, d]``), or
+    ``GRAM_ROW_CELLS K + G d`` where it takes the Gram route (its per-key rows and its centres)."""
     by_position = sorted(range(len(queries)), key=lambda j: queries[j])
     width = grid.valid.sum(dim=1).tolist()
     blocks: list[list[int]] = []
@@ -325,7 +403,9 @@ def _blocks(queries: tuple[int, ...], rows_per_query: int, dim: int, grid: _Grid
         keys = max(top, queries[j] + 1)
         sizes = max([width[i] for i in current] + [width[j]])
         too_long = current and keys > (queries[current[0]] + 1) * 5 // 4 + 8
-        if current and (too_long or rows_per_query * (len(current) + 1) * keys * (sizes + dim) > block_cells):
+        gram = _takes_gram(products, keys, sizes, dim, groups)
+        per_row = GRAM_ROW_CELLS * keys + sizes * dim if gram else keys * (sizes + dim)
+        if current and (too_long or rows_per_query * (len(current) + 1) * per_row > block_cells):
             blocks.append(current)
             current, keys = [], queries[j] + 1
         current.append(j)
@@ -388,6 +468,8 @@ class _Problem:
     screen: torch.dtype  # the screen's dtype (every decision is float64)
     kernel: str
     value_exps: Tensor  # [b, L, g] int32: the exponent of max |v| over keys 0..k (rows ending at k)
+    products: str = "values"  # see PRODUCTS
+    gram: np.ndarray | None = None  # [P, K, K] float64: <v_i, v_j> per group, K of the longest Gram-route block
 
     def solve(self, block: Tensor, out: dict[str, Tensor]) -> None:
         block = block.to(self.weights.device)
@@ -508,7 +590,7 @@ class _BlockRows:
             z = torch.gather(sorted_y, -2, einops.repeat(q_rows, "e -> p e 1 d", p=n_groups, d=dim))  # s(K)
             del sorted_y
         rank = torch.empty_like(order).scatter_(-1, order, torch.arange(n_keys, device=device).expand_as(order))
-        screen = _Screen.of(self, w_rows, value_exp, weight_exp, ns, q_rows, rank, centers)
+        screen = _Screen.of(self, w_rows, value_exp, weight_exp, ns, q_rows, rank, centers, order, sorted_w)
         k_out, k_in, r_max, r_min = screen.counts()
         n_float = ns.to(torch.float64)
         out = {"precision": n_float / (n_float + k_out), "recall": k_in / n_float}
@@ -559,23 +641,30 @@ class _Screen:
         q: Tensor,
         rank: Tensor,
         centers: Tensor,
+        order: Tensor,
+        sorted_w: Tensor,
     ) -> "_Screen":
         p = rows.problem
-        dtype = p.screen
         n_groups, n_rows, n_sizes, dim = centers.shape
         n_keys = rank.shape[-1]
+        gram = (
+            p.gram is not None
+            and _takes_gram(p.products, n_keys, n_sizes, dim, p.gram.shape[0])
+            and bool((value_exp.abs() <= GRAM_MAX_EXPONENT).all())
+        )
+        dtype = torch.float64 if gram else p.screen
         # the rows' values are v * 2^-value_exp; the product runs on the block's values
         # v * 2^-block_exp, so each row's centres are taken 2^(block_exp - value_exp) larger
         gap = rows.block_exp[:, None] - value_exp  # [P, E] >= 0
         screened = gap <= MAX_SCALE_GAP
         every = bool(screened.all())  # as usual: no masking below
         aligned = not bool(gap.any())  # every row at the block's scale (usual): nothing to rescale
-        s_scaled = centers if aligned else times_pow2(centers, gap[..., None, None])
-        if not every:
-            s_scaled = torch.where(screened[..., None, None], s_scaled, 0.0)
-        # [P, E, G, K]: the keys innermost, along which the compiled kernel runs
-        x = torch.bmm(einops.rearrange(s_scaled.to(dtype), "p e n d -> p (e n) d"), rows.v_block.to(dtype).mT)
-        x = x.view(n_groups, n_rows, n_sizes, n_keys)  # <v_i, s> in the rows' scale
+        if not gram:  # [P, E, G, K]: the keys innermost, along which the compiled kernel runs
+            s_scaled = centers if aligned else times_pow2(centers, gap[..., None, None])
+            if not every:
+                s_scaled = torch.where(screened[..., None, None], s_scaled, 0.0)
+            x = torch.bmm(einops.rearrange(s_scaled.to(dtype), "p e n d -> p (e n) d"), rows.v_block.to(dtype).mT)
+            x = x.view(n_groups, n_rows, n_sizes, n_keys)  # <v_i, s> in the rows' scale
         # ||v_i|| in each row's scale, from the block's values (no overflow): [P, E, K] float64
         # (0 for the rows not screened: their screening values are 0, every key is decided directly)
         v_norm = torch.linalg.vector_norm(rows.v_block, dim=-1)[:, None, :].expand(n_groups, n_rows, n_keys)
@@ -588,6 +677,23 @@ class _Screen:
         eps = COSINE_EPS * pow2(-2 * (weight_exp + value_exp))
         screen = cls(rows, w_rows, value_exp, ns, q, rank, centers, eps)
         w_keys, v_keys = w_rows.to(dtype), v_norm.to(dtype)  # [P, E, K]
+        if gram:  # the products formed in the compiled pass (fused.gram_screen_counts)
+            screen.fused_inputs = {
+                "gram": p.gram,
+                "order": order.contiguous().numpy(),
+                "factor": sorted_w.contiguous().numpy(),
+                "w": w_keys.contiguous().numpy(),
+                "v_norm": v_keys.contiguous().numpy(),
+                "rank": rank.contiguous().numpy(),
+                "ns": ns.contiguous().numpy(),
+                "q": q.contiguous().numpy(),
+                "x_scale": pow2(-2 * value_exp).contiguous().numpy(),
+                "dim": dim,
+                "coef": coef,
+                "absolute": absolute.contiguous().numpy(),
+                "s_norm": s_norm.contiguous().numpy(),
+            }
+            return screen
         if p.distance == "cosine":  # E = 1 - <y, s> / (||y|| ||s|| + eps), formed here for both kernels
             w_t, v_t = w_keys[:, :, None], v_keys[:, :, None]  # [P, E, 1, K]
             denominator = (w_t * v_t) * einops.rearrange(s_norm, "p e n -> p e n 1").to(dtype)
@@ -630,8 +736,11 @@ class _Screen:
         max P`` surely beyond; the same for the selected keys and ``r_min``; the others are measured.
         """
         if self.fused_inputs is not None:
-            counts, listed = fused.screen_counts(**self.fused_inputs)
-            n_groups, n_rows, n_sizes, n_keys = self.fused_inputs["x"].shape
+            inputs = self.fused_inputs
+            gram = "gram" in inputs
+            counts, listed = fused.gram_screen_counts(**inputs) if gram else fused.screen_counts(**inputs)
+            n_groups, n_rows, n_sizes = inputs["absolute"].shape
+            n_keys = inputs["rank"].shape[-1]
             k_out, k_in = torch.from_numpy(counts)
             sizes = [f.shape[0] for f in listed]
             flat = torch.from_numpy(np.concatenate(listed))
