@@ -173,7 +173,7 @@ def test_screen_counts_by_hand():
     # N=2: keys 0 [-1.3, -0.7] and 1 [-0.3, 0.3] selected, key 2 [3.2, 4.8]: both surely within r_min
     counts, cells = screen_by_hand(0.1, 0.0)
     assert counts[:, 0, 0].tolist() == [[0, 0], [0, 2]]
-    assert [c.tolist() for c in cells] == [[0, 3], [2, 4, 5], [4], [0]]
+    assert [sorted(c.tolist()) for c in cells] == [[0, 3], [2, 4, 5], [4], [0]]
 
 
 def test_a_key_of_wide_band_stays_a_candidate_for_r_max():
@@ -258,7 +258,7 @@ def test_screen_counts_equal_the_loops_over_every_row(n_groups, n_keys, n_rows, 
     counts, cells = fused.screen_counts(*in_layout, ns, q, 0.05, absolute, s_norm, given=False)
     ref_counts, ref_cells = screen_by_loops(x, w, v_norm, rank, ns, q, 0.05, absolute, s_norm)
     assert np.array_equal(counts, ref_counts)
-    assert [c.tolist() for c in cells] == ref_cells
+    assert [sorted(c.tolist()) for c in cells] == ref_cells  # the kernel lists them row by row
 
 
 @settings(max_examples=20, deadline=None)
@@ -281,7 +281,7 @@ def test_screen_counts_with_infinite_zero_and_nan_bounds_equal_the_loops(n_keys,
         counts, cells = fused.screen_counts(*in_layout, ns, q, 0.05, absolute, s_norm, given=False)
         ref_counts, ref_cells = screen_by_loops(x, w, v_norm, rank, ns, q, 0.05, absolute, s_norm)
     assert np.array_equal(counts, ref_counts)
-    assert [c.tolist() for c in cells] == ref_cells
+    assert [sorted(c.tolist()) for c in cells] == ref_cells  # the kernel lists them row by row
 
 
 @settings(max_examples=25, deadline=None)
@@ -377,7 +377,7 @@ def test_gram_screen_counts_equal_the_loops_over_every_row(n_groups, n_keys, n_r
         x, w.swapaxes(1, 2), v_norm.swapaxes(1, 2), rank.swapaxes(1, 2), ns, q, coef, absolute_band, s_band
     )
     assert np.array_equal(counts, ref_counts)
-    assert [c.tolist() for c in cells] == ref_cells
+    assert [sorted(c.tolist()) for c in cells] == ref_cells  # the kernel lists them row by row
 
 
 def test_gram_screen_counts_needs_sizes_in_order():

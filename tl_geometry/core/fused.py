@@ -7,7 +7,8 @@ from the block's one product ``x = <v_i, s>`` (definitions §2), with a band of 
 vectorised passes along each row's keys per size (the bounds ``E -+ band``, their extremes as
 integer maxima of their bits, then the counts; contiguous, up to the row's last key; selection as
 selects: no branch), and returns the keys surely within each radius and the keys to measure in
-float64, in the order ``Tensor.nonzero`` gives them on ``[P, K, E, G]``. The arithmetic of ``E``
+float64 (flat ``[P, K, E, G]`` indices, row by row: the radii are extremes and the counts sums over
+them, which no order changes). The arithmetic of ``E``
 is that of the torch screen, operation by operation, in the screen's dtype (no fast-math: nothing
 reassociated or contracted).
 
@@ -375,7 +376,7 @@ def screen_counts(
     counts : [2, P, E, G] int64
         The unselected keys surely within ``r_max`` (``P <= max M`` over the selected keys) and the
         selected keys surely within ``r_min`` (``P <= min M`` over the unselected ones).
-    cells : four int64 arrays of flat ``[P, K, E, G]`` indices, sorted
+    cells : four int64 arrays of flat ``[P, K, E, G]`` indices, row by row and size by size
         The candidates for ``r_max`` (selected, ``P >= max M``) and for ``r_min`` (unselected,
         ``M <= min P``), and the keys neither surely within nor surely beyond ``r_max``
         (unselected) and ``r_min`` (selected).
@@ -389,7 +390,7 @@ def screen_counts(
         x, none, no_keys, none, np.empty((0, 0)), 0, w, v_norm, rank, ns, q, float(coef), absolute, s_norm, one,
         given, counts, cells,
     )  # fmt: skip
-    return counts, [np.sort(cells[c, : n_cells[c]]) for c in range(4)]
+    return counts, [cells[c, : n_cells[c]] for c in range(4)]
 
 
 def gram_screen_counts(
@@ -445,7 +446,7 @@ def gram_screen_counts(
         np.empty((0, 0, 0, 0)), gram, order, factor, x_scale, int(dim), w, v_norm, rank, ns, q, float(coef),
         absolute, s_norm, np.float64(1.0), False, counts, cells,
     )  # fmt: skip
-    return counts, [np.sort(cells[c, : n_cells[c]]) for c in range(4)]
+    return counts, [cells[c, : n_cells[c]] for c in range(4)]
 
 
 def _outputs(absolute: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
