@@ -5,11 +5,12 @@ default 2) for the forward pass and the analysis, on windows of ``--seq-len`` to
 of the embedded CPython documentation corpus, log grid of ``N``, attention ranking:
 
 1. every query position (``query_positions="all"``, the query engine) / forward, float64
-   decisions, with the pure-torch screen (``kernel="torch"``, before) and the fused numba pass
-   (``kernel="numba"``, after), both screening in float32 (the default), and the fused pass
-   screening in float64 (``query_engine.SCREEN_DTYPE`` set for that line) [target <= 3]; the
-   floors: the multiply-adds ``<v_i, s(N)>`` the definition needs at the measured float64 and
-   float32 matmul throughputs;
+   decisions, with the pure-torch screen (``kernel="torch"``), the fused numba pass on the value
+   product (before: ``query_engine.GRAM_COST`` set to infinity for that line), screening in
+   float32 (the default) and in float64 (``query_engine.SCREEN_DTYPE`` set for that line), and the
+   fused pass with the Gram route where it is cheaper (the default, after) [target <= 3]; the
+   floors: the multiply-adds ``<v_i, s(N)>`` of the value product at the measured float64 and
+   float32 matmul throughputs, and the Gram route's running sums at the float64 one;
 2. the old way, one query position at a time (``tl_geometry.core.separability`` per position), against
    the query engine on the same ``--stride``-spaced positions: the speed-up of the engine
    (``--no-old-way`` skips it);
@@ -28,6 +29,7 @@ Run:  OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_queries.py           (
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -88,6 +90,7 @@ def main() -> None:
         add_allocator_flag,
         allocator_line,
         cpu_line,
+        every_query_gram_macs,
         every_query_macs,
         floor_line,
         matmul_macs_per_second,
@@ -104,14 +107,16 @@ def main() -> None:
     from tl_geometry.core import query_engine
 
     @contextmanager
-    def screen_dtype(screen: torch.dtype) -> Iterator[None]:
-        """The query engine's default screen set to ``screen`` meanwhile (``analyze`` takes none)."""
-        default = query_engine.SCREEN_DTYPE
+    def screen_dtype(screen: torch.dtype, gram: bool) -> Iterator[None]:
+        """The query engine's default screen set to ``screen`` and its Gram route allowed or not
+        (``GRAM_COST`` infinite: never cheaper) meanwhile (``analyze`` takes neither)."""
+        default, cost = query_engine.SCREEN_DTYPE, query_engine.GRAM_COST
         query_engine.SCREEN_DTYPE = screen
+        query_engine.GRAM_COST = cost if gram else math.inf
         try:
             yield
         finally:
-            query_engine.SCREEN_DTYPE = default
+            query_engine.SCREEN_DTYPE, query_engine.GRAM_COST = default, cost
 
     model = tlg.load_model("smollm2-135m", device=args.device)
     tokens = tlg.corpus_tokens(model, tlg.corpus.python_docs(n_seqs=args.n_seqs, seq_len=args.seq_len))
@@ -123,29 +128,34 @@ def main() -> None:
     print(f"forward {forward:.2f}s ({shape})", flush=True)
     seconds = {}
     lines = (
-        ("torch screen (before)", "torch", query_engine.SCREEN_DTYPE),
-        ("fused numba pass (after)", "numba", query_engine.SCREEN_DTYPE),
-        ("fused numba pass, float64 screen", "numba", torch.float64),
+        ("torch screen", "torch", query_engine.SCREEN_DTYPE, False),
+        ("fused numba pass, value product (before)", "numba", query_engine.SCREEN_DTYPE, False),
+        ("fused numba pass, value product, float64 screen", "numba", torch.float64, False),
+        ("fused numba pass, Gram route where cheaper (after)", "numba", query_engine.SCREEN_DTYPE, True),
     )
-    for _, kernel, screen in lines:  # untimed: numba compiles each kernel per dtype on its first call
-        with screen_dtype(screen):
+    for _, kernel, screen, gram in lines:  # untimed: numba compiles each kernel per dtype on its first call
+        with screen_dtype(screen, gram):
             analysis_seconds(model, tokens[:, :32], kernel, query_positions="all")
-    for name, kernel, screen in lines:
-        with screen_dtype(screen):
+    for name, kernel, screen, gram in lines:
+        with screen_dtype(screen, gram):
             seconds[name], rows = analysis_seconds(model, tokens, kernel, query_positions="all")
         print(f"every query position, log grid, {name}: analysis {seconds[name]:.2f}s / forward {forward:.2f}s = "
               f"{seconds[name] / forward:.2f} [target <= 3]  ({rows} rows, load {os.getloadavg()[0]:.1f})",
               flush=True)  # fmt: skip
-    before, after = seconds["torch screen (before)"], seconds["fused numba pass (after)"]
-    print(f"  fused / torch screen: {after / before:.2f}")
+    torch_screen, before = seconds["torch screen"], seconds["fused numba pass, value product (before)"]
+    after = seconds["fused numba pass, Gram route where cheaper (after)"]
+    print(f"  fused value product / torch screen: {before / torch_screen:.2f}; Gram route where cheaper / "
+          f"value product: {after / before:.2f}")  # fmt: skip
     rate = matmul_macs_per_second(torch.float64)
     info = tlg.describe_model(model)
     macs = args.n_seqs * every_query_macs(args.seq_len, info.n_heads * info.n_layers, info.d_head)
     print(floor_line("every query position (float64)", macs, rate, forward))
     rate32 = matmul_macs_per_second(query_engine.SCREEN_DTYPE)  # the default screen's product
     print(floor_line("every query position (float32 screen)", macs, rate32, forward))
-    print(f"  the fused pass is {after / (macs / rate32):.1f} x its float32 floor, "
-          f"{after / (macs / rate):.1f} x the float64 one", flush=True)  # fmt: skip
+    gram_macs = args.n_seqs * every_query_gram_macs(args.seq_len, info.n_heads * info.n_layers)
+    print(floor_line("every query position (Gram route, float64)", gram_macs, rate, forward))
+    print(f"  the value product's pass is {before / (macs / rate32):.1f} x its float32 floor; the pass with "
+          f"the Gram route {after / (gram_macs / rate):.1f} x the Gram route's float64 floor", flush=True)  # fmt: skip
     last_query_lines(model, args.last_query_len, rate, rate32)
     if args.no_old_way:
         print(f"load average at the end {os.getloadavg()[0]:.1f}")

@@ -112,6 +112,12 @@ def every_query_macs(seq_len: int, n_rows_per_query: int, d: int) -> int:
     return n_rows_per_query * d * sum(k * len(log_spaced_ns(k)) for k in range(1, seq_len + 1))
 
 
+def every_query_gram_macs(seq_len: int, n_rows_per_query: int) -> int:
+    """``sum_q (q + 1)^2`` over every query ``q`` of a window, times the rows of each query: the Gram
+    route's running sums (``K`` multiply-adds per key and row, for all its sizes together)."""
+    return n_rows_per_query * sum(k * k for k in range(1, seq_len + 1))
+
+
 def last_query_macs(seq_len: int, n_rows: int, d: int, sizes: int, draws: int = 1) -> int:
     """``K G d D`` for the last query's row of ``n_rows`` heads (x layers)."""
     return n_rows * seq_len * sizes * d * draws
