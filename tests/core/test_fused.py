@@ -380,12 +380,15 @@ def test_gram_screen_counts_equal_the_loops_over_every_row(n_groups, n_keys, n_r
     assert [sorted(c.tolist()) for c in cells] == ref_cells  # the kernel lists them row by row
 
 
-def test_gram_screen_counts_needs_sizes_in_order():
+@pytest.mark.parametrize("ns, coef, match", [([[2, 1]], 0.05, "non-decreasing"), ([[1, 2]], 0.0, "coef > 0")])
+def test_gram_screen_counts_refuses_what_its_band_cannot_cover(ns, coef, match):
+    """Sizes out of order (the sums run forward) and ``coef = 0`` (the cosine's: the band's term is
+    formed through ``1 / coef``) are refused."""
     one = np.ones((1, 1, 2))
-    with pytest.raises(ValueError, match="non-decreasing"):
+    with pytest.raises(ValueError, match=match):
         fused.gram_screen_counts(
-            np.ones((1, 2, 2)), np.array([[[0, 1]]]), one, one, one, np.array([[[0, 1]]]), np.array([[2, 1]]),
-            np.array([1]), np.ones((1, 1)), 1, 0.05, one, one,
+            np.ones((1, 2, 2)), np.array([[[0, 1]]]), one, one, one, np.array([[[0, 1]]]), np.array(ns),
+            np.array([1]), np.ones((1, 1)), 1, coef, one, one,
         )  # fmt: skip
 
 

@@ -441,6 +441,8 @@ def gram_screen_counts(
         raise RuntimeError("the fused kernel needs numba: pip install numba, or use kernel='torch'")
     if ns.shape[1] > 1 and bool((ns[:, 1:] < ns[:, :-1]).any()):
         raise ValueError("gram_screen_counts needs each row's sizes in non-decreasing order")
+    if not coef > 0:  # the band's term is formed through 1 / coef (the Euclidean screen's coef > 0)
+        raise ValueError(f"gram_screen_counts needs coef > 0 (the Euclidean screen's), got {coef}")
     counts, cells = _outputs(absolute)
     n_cells, cells = _compiled(
         np.empty((0, 0, 0, 0)), gram, order, factor, x_scale, int(dim), w, v_norm, rank, ns, q, float(coef),
