@@ -677,21 +677,19 @@ class _Screen:
         eps = COSINE_EPS * pow2(-2 * (weight_exp + value_exp))
         screen = cls(rows, w_rows, value_exp, ns, q, rank, centers, eps)
         w_keys, v_keys = w_rows.to(dtype), v_norm.to(dtype)  # [P, E, K]
+        # what both compiled routes read, as numpy arrays (fused.py; CPU tensors: taken only for them)
+        arrays = {"w": w_keys, "v_norm": v_keys, "rank": rank, "ns": ns, "q": q, "absolute": absolute, "s_norm": s_norm}
+
+        def compiled_inputs() -> dict[str, Any]:
+            return {name: t.contiguous().numpy() for name, t in arrays.items()} | {"coef": coef}
+
         if gram:  # the products formed in the compiled pass (fused.gram_screen_counts)
-            screen.fused_inputs = {
+            screen.fused_inputs = compiled_inputs() | {
                 "gram": p.gram,
                 "order": order.contiguous().numpy(),
                 "factor": sorted_w.contiguous().numpy(),
-                "w": w_keys.contiguous().numpy(),
-                "v_norm": v_keys.contiguous().numpy(),
-                "rank": rank.contiguous().numpy(),
-                "ns": ns.contiguous().numpy(),
-                "q": q.contiguous().numpy(),
                 "x_scale": pow2(-2 * value_exp).contiguous().numpy(),
                 "dim": dim,
-                "coef": coef,
-                "absolute": absolute.contiguous().numpy(),
-                "s_norm": s_norm.contiguous().numpy(),
             }
             return screen
         if p.distance == "cosine":  # E = 1 - <y, s> / (||y|| ||s|| + eps), formed here for both kernels
@@ -700,18 +698,7 @@ class _Screen:
             denominator = denominator + einops.rearrange(eps, "p e -> p e 1 1").to(dtype)
             x = 1 - torch.where(denominator > 0, (w_t * x) / denominator, 0.0)
         if p.kernel == "numba":  # one compiled pass over the keys decides from x (fused.py)
-            screen.fused_inputs = {
-                "x": x.contiguous().numpy(),
-                "w": w_keys.contiguous().numpy(),
-                "v_norm": v_keys.contiguous().numpy(),
-                "rank": rank.contiguous().numpy(),
-                "ns": ns.contiguous().numpy(),
-                "q": q.contiguous().numpy(),
-                "coef": coef,
-                "absolute": absolute.contiguous().numpy(),
-                "s_norm": s_norm.contiguous().numpy(),
-                "given": p.distance == "cosine",
-            }
+            screen.fused_inputs = compiled_inputs() | {"x": x.contiguous().numpy(), "given": p.distance == "cosine"}
             return screen
         as_keys = "p e k -> p k e 1"  # the torch screen's layout [P, K, E, G]
         x = einops.rearrange(x, "p e n k -> p k e n")
