@@ -439,8 +439,7 @@ def gram_screen_counts(
     """
     if _compiled is None:  # pragma: no cover
         raise RuntimeError("the fused kernel needs numba: pip install numba, or use kernel='torch'")
-    if ns.shape[1] > 1 and bool((ns[:, 1:] < ns[:, :-1]).any()):
-        raise ValueError("gram_screen_counts needs each row's sizes in non-decreasing order")
+    _check_non_decreasing(ns, "gram_screen_counts")
     if not coef > 0:  # the band's term is formed through 1 / coef (the Euclidean screen's coef > 0)
         raise ValueError(f"gram_screen_counts needs coef > 0 (the Euclidean screen's), got {coef}")
     counts, cells = _outputs(absolute)
@@ -449,6 +448,12 @@ def gram_screen_counts(
         absolute, s_norm, np.float64(1.0), False, counts, cells,
     )  # fmt: skip
     return counts, [cells[c, : n_cells[c]] for c in range(4)]
+
+
+def _check_non_decreasing(sizes: np.ndarray | Tensor, caller: str) -> None:
+    """Raise ValueError unless each row of ``sizes [E, G]`` is non-decreasing (the sums run forward)."""
+    if sizes.shape[1] > 1 and bool((sizes[:, 1:] < sizes[:, :-1]).any()):
+        raise ValueError(f"{caller} needs each row's sizes in non-decreasing order")
 
 
 def _outputs(absolute: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -483,8 +488,7 @@ def prefix_sums(v: Tensor, order: Tensor, factor: Tensor, at: Tensor, last: Tens
     centers = torch.empty((n_groups, n_rows, at.shape[1], v.shape[2]), dtype=v.dtype)
     z = torch.empty((n_groups, n_rows, 1, v.shape[2]), dtype=v.dtype)
     at = at.contiguous()
-    if at.shape[1] > 1 and bool((at[:, 1:] < at[:, :-1]).any()):
-        raise ValueError("prefix_sums needs each row's sizes in non-decreasing order")
+    _check_non_decreasing(at, "prefix_sums")
     _compiled_sums(
         v.contiguous().numpy(),
         order.contiguous().numpy(),

@@ -278,8 +278,9 @@ def _compute(
         products=products,
     )
     groups = n_batch * values.shape[2]
-    blocks = _blocks(queries, n_batch * n_heads * n_draws, values.shape[-1], grid, block_cells, products, groups)
-    gram_keys = _gram_keys(blocks, problem, products)
+    blocks, gram_keys = _blocks(
+        queries, n_batch * n_heads * n_draws, values.shape[-1], grid, block_cells, products, groups
+    )
     if gram_keys:  # <v_i, v_j> of the keys 0..K-1 of the longest Gram-route block, per group
         keys = einops.rearrange(values[:, :gram_keys], "b k g d -> (b g) k d")
         problem.gram = torch.bmm(keys, keys.mT).numpy()
@@ -300,21 +301,6 @@ def _compute(
         distance=distance,
         n_draws=n_draws,
     )
-
-
-def _gram_keys(blocks: list[Tensor], problem: "_Problem", products: str) -> int:
-    """The largest ``K`` of the blocks that take the Gram route (0: none)."""
-    if products == "values":
-        return 0
-    dim = problem.values.shape[-1]
-    groups = problem.values.shape[0] * problem.values.shape[2]
-    keys = 0
-    for block in blocks:
-        n_keys = int(problem.queries[block].max()) + 1
-        width = int(problem.grid.valid[block].sum(dim=1).max())
-        if _takes_gram(products, n_keys, width, dim, groups):
-            keys = max(keys, n_keys)
-    return keys
 
 
 def _takes_gram(products: str, n_keys: int, n_sizes: int, dim: int, groups: int) -> bool:
@@ -389,11 +375,12 @@ def _blocks(
     block_cells: int,
     products: str = "values",
     groups: int = 1,
-) -> list[Tensor]:
+) -> tuple[list[Tensor], int]:
     """Query indices in blocks of nearby positions, each within ``block_cells`` (one query at least),
     none padding its shortest row by more than a quarter (plus 8 keys). A row of ``K`` keys and ``G``
     sizes counts ``K (G + d)`` cells (the value product's ``[G, K]`` and the sums' ``[K, d]``), or
-    ``GRAM_ROW_CELLS K + G d`` where it takes the Gram route (its per-key rows and its centres)."""
+    ``GRAM_ROW_CELLS K + G d`` where it takes the Gram route (its per-key rows and its centres).
+    Also the largest ``K`` of the blocks that take the Gram route (0: none): the Gram matrices' size."""
     by_position = sorted(range(len(queries)), key=lambda j: queries[j])
     width = grid.valid.sum(dim=1).tolist()
     blocks: list[list[int]] = []
@@ -411,7 +398,9 @@ def _blocks(
         current.append(j)
         top = keys
     blocks.append(current)
-    return [torch.tensor(b, dtype=torch.int64) for b in blocks]
+    shapes = [(queries[b[-1]] + 1, max(width[i] for i in b)) for b in blocks]  # K and G (b by position)
+    gram_keys = max((k for k, g in shapes if _takes_gram(products, k, g, dim, groups)), default=0)
+    return [torch.tensor(b, dtype=torch.int64) for b in blocks], gram_keys
 
 
 @contextmanager
