@@ -2,7 +2,9 @@
 
 On the engines' row shapes (SmolLM2: 9 heads; a block of the query engine's rows with ``-inf``
 padding, the last query of 270 heads, the random control's 16 draws per row), prints the best of
-``--repeat`` calls of each, their ratio, and that both give the same permutation; then the random
+``--repeat`` calls of each, their ratio, and that both give the same permutation: for float64
+weights (``selection_order`` sorts the scores and puts ties back in key order) and for the same
+weights rounded to float32, as a float32 model gives them (one sort of 64-bit keys); then the random
 control's scores (``uniform_bits``: the compiled hash against the tensor hash, the same bits) and
 orders (``uniform_order``) for one layer's 9 rows x 16 draws.
 
@@ -41,17 +43,19 @@ def main() -> None:
         ("the last query of 270 heads, 1024 keys", 270, 1024),
         ("16 random draws of 270 heads, 1024 keys", 270 * 16, 1024),
     ):
-        scores = rows(n_rows, n_keys, generator)
-        torch_s, stable = best_of(
-            args.repeat, lambda s: torch.argsort(s, dim=-1, descending=True, stable=True), scores, warm_up=True
-        )
-        ours, order = best_of(args.repeat, selection_order, scores, warm_up=True)
-        same = torch.equal(order, stable)
-        print(
-            f"{name}: torch stable argsort {torch_s * 1e3:.2f} ms, selection_order {ours * 1e3:.2f} ms, "
-            f"ratio {ours / torch_s:.2f}; same permutation: {same}  (load {os.getloadavg()[0]:.2f})",
-            flush=True,
-        )
+        float64 = rows(n_rows, n_keys, generator)
+        for weights, scores in (("float64", float64), ("float32", float64.float().double())):
+            torch_s, stable = best_of(
+                args.repeat, lambda s: torch.argsort(s, dim=-1, descending=True, stable=True), scores, warm_up=True
+            )
+            ours, order = best_of(args.repeat, selection_order, scores, warm_up=True)
+            same = torch.equal(order, stable)
+            print(
+                f"{name}, {weights} weights: torch stable argsort {torch_s * 1e3:.2f} ms, selection_order "
+                f"{ours * 1e3:.2f} ms, ratio {ours / torch_s:.2f}; same permutation: {same}  "
+                f"(load {os.getloadavg()[0]:.2f})",
+                flush=True,
+            )
     keys, n_keys, draws = default_row_keys((9,), torch.device("cpu")), 1024, 16
     tensors, tensor_bits = best_of(
         args.repeat, lambda k: uniform_bits(k, n_keys, draws, compiled=False), keys, warm_up=True

@@ -66,3 +66,31 @@ def test_strided_scores_are_sorted_as_their_values():
     scores = torch.tensor([[0.1, 0.4], [0.4, 0.1], [0.4, 0.4]]).t()  # not contiguous
     assert selection_order(scores).tolist() == [[1, 2, 0], [0, 2, 1]]
     assert selection_order(torch.tensor([0.5, 0.5]).expand(3, 2)).tolist() == [[0, 1]] * 3
+
+
+# float32 numbers only: signed zeros, infinities, subnormals, negatives and many ties
+FLOAT32_TIE_PRONE = [0.0, -0.0, 0.25, 0.5, -0.5, 1.0, 2.0**-149, 2.0**-126, np.inf, -np.inf, 3.4e38]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 70), st.booleans(), st.integers(0, 2**32 - 1))
+def test_float32_keys_give_the_order_by_hand(n_rows, n_keys, tie_prone, seed):
+    """One sort of the 64-bit keys: scores descending, ties (``-0.0`` and ``0.0`` too) to the lower key."""
+    rng = np.random.default_rng(seed)
+    if tie_prone:
+        array = rng.choice(np.array(FLOAT32_TIE_PRONE, dtype=np.float32), size=(n_rows, n_keys)).astype(np.float64)
+    else:  # float64 scores that are float32 numbers, as a float32 model's weights
+        array = rng.normal(size=(n_rows, n_keys)).astype(np.float32).astype(np.float64)
+    order = stable_order.float32_key_order(array)
+    assert order is not None and order.dtype == np.int64
+    assert order.tolist() == [order_by_hand(row) for row in array.tolist()]
+
+
+@pytest.mark.parametrize("odd", [0.1, 1e-300, 2.0**-150, np.nan, 1e39])
+def test_scores_that_are_no_float32_go_to_the_argsort(odd):
+    """A float64 score that float32 cannot hold (rounded, underflowed, NaN, overflowed) makes the keys
+    decline; ``stable_descending`` then sorts the scores themselves, to the same order."""
+    row = np.array([[0.5, odd, 0.5, 0.25]])
+    assert stable_order.float32_key_order(row) is None
+    if not np.isnan(odd):
+        assert stable_order.stable_descending(row).tolist() == [order_by_hand(row[0].tolist())]
