@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from test_query_engine import kv_heads, layer_rows
 
 from tl_geometry.core import fused, query_engine
-from tl_geometry.core.query_engine import GRAM_MAX_EXPONENT, separability_queries
+from tl_geometry.core.query_engine import GRAM_FLOAT32_EXPONENT, GRAM_MAX_EXPONENT, separability_queries
 from tl_geometry.errors import InputError
 
 pytestmark = pytest.mark.skipif(not fused.AVAILABLE, reason="numba is not installed")
@@ -80,9 +80,9 @@ def test_fused_screen_equals_the_torch_screen_for_other_rankings(rank_by):
 @settings(max_examples=40, deadline=None)
 @given(layers(), st.sampled_from(["log", "all", [1, 3, 2]]))
 def test_the_gram_route_equals_the_value_route(layer, ns):
-    """The products formed in the pass from the Gram matrix (float64, a band that grows with ``N``)
-    or by the value product (float32 or float64): every metric the same, bit for bit, and the torch
-    screen's."""
+    """The products formed in the pass from the Gram matrix (float32 or float64 entries, float64
+    sums, a band that grows with ``N``) or by the value product (float32 or float64): every metric
+    the same, bit for bit, and the torch screen's."""
     weights, values, positions, ns = rows_for(layer, ns)
     run = partial(separability_queries, weights, values, positions, kv_heads(4, 2), ns, block_cells=300)
     calls = []
@@ -92,9 +92,13 @@ def test_the_gram_route_equals_the_value_route(layer, ns):
     values32 = run(products="values")
     assert_bit_identical(ref, gram)
     assert_bit_identical(ref, values32)
-    # the Gram route ran unless the values' scale is beyond its range (then the value route runs)
+    # the Gram route ran unless the values' scale is beyond its range (then the value route runs),
+    # from a float32 Gram matrix where every value exponent (of keys 0..k) lies within its range
     exponent = int(torch.frexp(values.abs().amax()).exponent)
     assert bool(calls) == (abs(exponent) <= GRAM_MAX_EXPONENT)
+    exponents = torch.frexp(torch.cummax(values.abs().amax(dim=-1), dim=1).values).exponent
+    small = bool((exponents.abs() <= GRAM_FLOAT32_EXPONENT).all())
+    assert all(dtype == (np.float32 if small else np.float64) for _, dtype in calls)
 
 
 def test_auto_takes_the_gram_route_for_short_rows_and_the_product_for_long_ones(monkeypatch):
@@ -119,7 +123,7 @@ class spy_on_gram:
 
     def __enter__(self):
         def spy(**kw):
-            self.calls.append(kw["order"].shape)
+            self.calls.append((kw["order"].shape, kw["gram"].dtype))
             return self.original(**kw)
 
         fused.gram_screen_counts = spy
@@ -338,18 +342,34 @@ def test_grid_sums_equal_a_loop_and_cumsum(n_rows, n_keys, dim, sizes, by_order,
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(1, 2), st.integers(1, 9), st.integers(1, 7), st.integers(1, 4), st.integers(0, 2**16))
-def test_gram_screen_counts_equal_the_loops_over_every_row(n_groups, n_keys, n_rows, dim, seed):
+@given(
+    st.integers(1, 2),
+    st.integers(1, 9),
+    st.integers(1, 7),
+    st.integers(1, 4),
+    st.integers(0, 2**16),
+    st.sampled_from([np.float64, np.float32]),
+    st.booleans(),
+)
+def test_gram_screen_counts_equal_the_loops_over_every_row(n_groups, n_keys, n_rows, dim, seed, gram_dtype, tiny):
     """The Gram route's kernel against the documented decisions one cell at a time: the products
-    ``x_scale sum_{t<N} factor_t G[i, order_t]`` summed in ``t`` order, the band's added term
-    ``4 (d + 2 N + 8) u A(N) ||y_i||`` (as ``s + 2 (d + 2 N + 8) u A / coef``) and its floor."""
+    ``x_scale sum_{t<N} factor_t G[i, order_t]`` summed in ``t`` order (in float64 from the stored
+    entries), the band's added term ``4 ((d + 2 N + 8) u + u_G) A(N) ||y_i||`` (as ``s + (2 (d + 2 N
+    + 8) u + 2 u_G) A / coef``; ``u_G = 2^-24`` for a float32 Gram, else 0) and its floors. ``tiny``:
+    values of ``2^-70`` whose float32 Gram entries are subnormals (the floor ``4 x_scale N 2^-150``
+    decides), and a key ``2^-23`` from another (the term ``u_G`` decides)."""
     rng = np.random.default_rng(seed)
     v = np.round(rng.normal(size=(n_groups, n_keys, dim)), 1)  # ties
-    gram = v @ v.swapaxes(1, 2)
+    if n_keys >= 2:
+        v[:, -1] = v[:, 0] * (1 + 2.0**-23)
+    if tiny:
+        v = v * 2.0**-70
+    gram = (v @ v.swapaxes(1, 2)).astype(gram_dtype)
+    unit, floor = (2.0**-24, 2.0**-150) if gram_dtype == np.float32 else (0.0, 0.0)
     q = rng.integers(0, n_keys, n_rows)
     ns = np.sort(rng.integers(1, q[:, None] + 2, (n_rows, 3)), axis=1)
     w = rng.choice([0.0, 0.125, 0.5, rng.uniform()], size=(n_groups, n_rows, n_keys))
-    exponent = rng.integers(-1, 3, (n_groups, n_rows))
+    exponent = rng.integers(-1, 3, (n_groups, n_rows)) - (70 if tiny else 0)
     x_scale, row_scale = np.ldexp(1.0, -2 * exponent), np.ldexp(1.0, -exponent)
     v_norm = np.linalg.norm(v, axis=-1)[:, None, :] * row_scale[..., None]
     padding = np.arange(n_keys) > q[:, None]  # [E, K]: after the real keys, as the engine orders them
@@ -368,11 +388,12 @@ def test_gram_screen_counts_equal_the_loops_over_every_row(n_groups, n_keys, n_r
             for g, n in enumerate(ns[r]):
                 acc, lengths = np.zeros(n_keys), 0.0
                 for t in range(n):
-                    acc = acc + factor[p, r, t] * gram[p, order[p, r, t]]
+                    acc = acc + factor[p, r, t] * gram[p, order[p, r, t]].astype(np.float64)
                     lengths += factor[p, r, t] * v_norm[p, r, order[p, r, t]]
                 x[p, :, g, r] = acc * x_scale[p, r]
-                s_band[p, r, g] += (2 * (dim + 2 * n + 8) * 2.0**-53) * lengths / coef
+                s_band[p, r, g] += (2 * (dim + 2 * n + 8) * 2.0**-53 + 2 * unit) * lengths / coef
                 absolute_band[p, r, g] += 8.0 * (x_scale[p, r] * (dim + n) + 2.0) * 5e-324
+                absolute_band[p, r, g] += 4.0 * x_scale[p, r] * n * floor
     ref_counts, ref_cells = screen_by_loops(
         x, w.swapaxes(1, 2), v_norm.swapaxes(1, 2), rank.swapaxes(1, 2), ns, q, coef, absolute_band, s_band
     )
@@ -392,13 +413,30 @@ def test_gram_screen_counts_refuses_what_its_band_cannot_cover(ns, coef, match):
         )  # fmt: skip
 
 
-@pytest.mark.parametrize("epsilon, undecided", [(3e-8, True), (1e-6, False)])
-def test_the_gram_routes_band_covers_its_running_sums(epsilon, undecided):
+def test_gram_screen_counts_refuses_a_gram_of_another_dtype():
+    """Only a float64 or float32 Gram matrix has a band (``GRAM_ROUNDING``)."""
+    one = np.ones((1, 1, 2))
+    with pytest.raises(ValueError, match="float64 or float32"):
+        fused.gram_screen_counts(
+            np.ones((1, 2, 2), dtype=np.float16), np.array([[[0, 1]]]), one, one, one, np.array([[[0, 1]]]),
+            np.array([[1, 2]]), np.array([1]), np.ones((1, 1)), 1, 0.05, one, one,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "epsilon, gram_dtype, undecided",
+    [(3e-8, np.float64, True), (1e-6, np.float64, False), (2.0**-12, np.float32, True), (2.0**-12, np.float64, False),
+     (2.0**-8, np.float32, False)],
+)  # fmt: skip
+def test_the_gram_routes_band_covers_its_running_sums(epsilon, gram_dtype, undecided):
     """One row of two keys (d = 1), ``N = 1``: key 1's value ``1 + epsilon`` against the selected
-    key 0's ``1``, so ``E_1 - E_0 = epsilon^2``. The band of the running sums, ``4 (d + 2 N + 8) u
-    A ||y||`` with ``A = 1`` (about 4.9e-15 per key), leaves ``E_1 - E_0 = 9e-16`` undecided against
-    both radii and decides ``1e-12``; the rest of the band is made negligible (``coef = 2^-70``)."""
-    gram = np.array([[[1.0, 1.0 + epsilon], [1.0 + epsilon, (1.0 + epsilon) ** 2]]])
+    key 0's ``1``, so ``E_1 - E_0 = epsilon^2``. The band of the running sums, ``4 ((d + 2 N + 8) u +
+    u_G) A ||y||`` with ``A = 1`` (about 4.9e-15 per key from a float64 Gram, 2.4e-7 from a float32
+    one: ``u_G = 2^-24``), leaves ``E_1 - E_0 = 9e-16`` undecided against both radii and decides
+    ``1e-12``; from a float32 Gram it leaves ``2^-24`` undecided (whose entries here are exact: the
+    band is the bound, not the rounding) and decides ``2^-16``; the rest of the band is made
+    negligible (``coef = 2^-70``)."""
+    gram = np.array([[[1.0, 1.0 + epsilon], [1.0 + epsilon, (1.0 + epsilon) ** 2]]]).astype(gram_dtype)
     w = np.ones((1, 1, 2))
     v_norm = np.array([[[1.0, 1.0 + epsilon]]])
     order, rank = np.array([[[0, 1]]]), np.array([[[0, 1]]])

@@ -13,8 +13,8 @@ is that of the torch screen, operation by operation, in the screen's dtype (no f
 reassociated or contracted).
 
 :func:`gram_screen_counts` makes the same passes with the products formed in them: running sums of
-the rows of the Gram matrix ``G = V V^T`` along each row's selection order, ``x = sum_{t<N} w_t
-G[i, o_t]``, in float64, the band widened by their rounding.
+the rows of the Gram matrix ``G = V V^T`` (float64 or float32) along each row's selection order,
+``x = sum_{t<N} w_t G[i, o_t]``, in float64, the band widened by their rounding.
 
 Example: ``screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, given=False)`` for the
 ``[P, E, G, K]`` products ``x`` of a block.
@@ -165,6 +165,11 @@ def _grow(cells):  # pragma: no cover - compiled
 _UNIT = 2.0**-53
 _TINY = 5e-324
 
+#: The Gram matrix's storage dtypes, each with the unit roundoff and the largest absolute rounding
+#: (half its smallest subnormal) of storing a float64 entry in it, which the band adds (0 for
+#: float64: the band's ``d u`` term covers the entries as computed).
+GRAM_ROUNDING = {np.dtype(np.float64): (0.0, 0.0), np.dtype(np.float32): (2.0**-24, 2.0**-150)}
+
 
 def _accumulate(gram, order, factor, t, n, last, acc):  # pragma: no cover - compiled
     """``acc[k] += factor[t] * gram[order[t], k]`` for ``t`` up to ``n`` and ``k < last``, in ``t`` order
@@ -183,11 +188,13 @@ def _accumulate(gram, order, factor, t, n, last, acc):  # pragma: no cover - com
 
 
 def _screen_counts(
-    x, gram, order, factor, x_scale, dim, w, v_norm, rank, ns, q, coef, absolute, s_norm, one, given, counts, cells
-):  # pragma: no cover
-    # x [P, E, G, K] the products (the value route), or, where gram [P, L, L] (L >= K) is not
-    # empty, x [0, 0, 0, 0] float64 and the products formed here (the Gram route: order, factor
-    # [P, E, K], x_scale [P, E], ns non-decreasing; see below). w, v_norm, rank [P, E, K]; ns [E, G];
+    x, gram, order, factor, x_scale, dim, gram_unit, gram_tiny, w, v_norm, rank, ns, q, coef, absolute, s_norm, one,
+    given, counts, cells,
+):  # pragma: no cover  # fmt: skip
+    # x [P, E, G, K] the products (the value route), or, where gram [P, L, L] (L >= K; float64 or
+    # float32, read into float64) is not empty, x [0, 0, 0, 0] float64 and the products formed here
+    # (the Gram route: order, factor [P, E, K], x_scale [P, E], ns non-decreasing; gram_unit and
+    # gram_tiny the rounding of the Gram's storage; see below). w, v_norm, rank [P, E, K]; ns [E, G];
     # q [E]; absolute, s_norm [P, E, G].
     # counts [2, P, E, G]: the unselected keys surely within r_max, the selected surely within r_min;
     # cells [4, capacity]: flat [P, K, E, G] indices of r_max's candidates, r_min's candidates, the
@@ -222,14 +229,14 @@ def _screen_counts(
                 n, s, band_floor = ns[r, g], s_norm[p, r, g], absolute[p, r, g]
                 if from_gram:
                     # the running sums up to N, and the band's term of their rounding: a(N) ||y_i||
-                    # with a(N) = 4 (d + 2N + 8) u A(N), A(N) = sum_{t<N} factor_t ||v_t||, formed as
-                    # cy (s + a / (2 coef)); and their subnormal floor (docs/engine.md)
+                    # with a(N) = 4 ((d + 2N + 8) u + u_G) A(N), A(N) = sum_{t<N} factor_t ||v_t||,
+                    # formed as cy (s + a / (2 coef)); and their subnormal floors (docs/engine.md)
                     _accumulate(gram[p], order[p, r], factor[p, r], t, n, last, acc)
                     for j in range(t, n):
                         lengths += factor[p, r, j] * v_norm[p, r, order[p, r, j]]
                     t = n
-                    s = s + (2 * (dim + 2 * n + 8) * _UNIT) * lengths / coef
-                    band_floor = band_floor + 8.0 * (xs * (dim + n) + 2.0) * _TINY
+                    s = s + (2 * (dim + 2 * n + 8) * _UNIT + 2 * gram_unit) * lengths / coef
+                    band_floor = band_floor + 8.0 * (xs * (dim + n) + 2.0) * _TINY + 4.0 * xs * n * gram_tiny
                     _intervals(acc, sq, w2, cy2, cy, s, band_floor, last, lo, hi)
                 else:
                     _intervals(x[p, r, g], sq, w2, cy2, cy, s, band_floor, last, lo, hi)
@@ -387,8 +394,8 @@ def screen_counts(
     counts, cells = _outputs(absolute)
     none, no_keys = np.empty((0, 0, 0)), np.empty((0, 0, 0), dtype=np.int64)
     n_cells, cells = _compiled(
-        x, none, no_keys, none, np.empty((0, 0)), 0, w, v_norm, rank, ns, q, float(coef), absolute, s_norm, one,
-        given, counts, cells,
+        x, none, no_keys, none, np.empty((0, 0)), 0, 0.0, 0.0, w, v_norm, rank, ns, q, float(coef), absolute, s_norm,
+        one, given, counts, cells,
     )  # fmt: skip
     return counts, [cells[c, : n_cells[c]] for c in range(4)]
 
@@ -413,13 +420,15 @@ def gram_screen_counts(
     The product ``<v_i, s(N)>`` of a row is ``x_scale * sum_{t < N} factor_t G[i, order_t]``: a running
     sum along the row's selection order of the rows of ``G = V V^T``, ``K`` multiply-adds per key and
     row for all its sizes together, against ``d`` per key and size by the value product; no
-    ``[P, E, G, K]`` product is stored. The band takes the sums' rounding too (docs/engine.md), so the
-    counts and cells decide the same keys surely or not as the definitions require.
+    ``[P, E, G, K]`` product is stored. The sums are float64 whatever the Gram's dtype. The band takes
+    their rounding too, and a float32 Gram's (docs/engine.md), so the counts and cells decide the same
+    keys surely or not as the definitions require.
 
     Parameters
     ----------
-    gram : [P, L, L] float64
-        ``<v_i, v_j>`` of each group's values as given (``L`` at least the block's ``K``).
+    gram : [P, L, L] float64 or float32
+        ``<v_i, v_j>`` of each group's values as given (``L`` at least the block's ``K``), formed in
+        float64 (float32: each entry then rounded to it; half the bytes that the sums stream).
     order : [P, E, K] int64
         Each row's selection order.
     factor : [P, E, K] float64
@@ -442,10 +451,13 @@ def gram_screen_counts(
     _check_non_decreasing(ns, "gram_screen_counts")
     if not coef > 0:  # the band's term is formed through 1 / coef (the Euclidean screen's coef > 0)
         raise ValueError(f"gram_screen_counts needs coef > 0 (the Euclidean screen's), got {coef}")
+    if gram.dtype not in GRAM_ROUNDING:
+        raise ValueError(f"gram_screen_counts needs a float64 or float32 Gram matrix, got {gram.dtype}")
+    gram_unit, gram_tiny = GRAM_ROUNDING[gram.dtype]
     counts, cells = _outputs(absolute)
     n_cells, cells = _compiled(
-        np.empty((0, 0, 0, 0)), gram, order, factor, x_scale, int(dim), w, v_norm, rank, ns, q, float(coef),
-        absolute, s_norm, np.float64(1.0), False, counts, cells,
+        np.empty((0, 0, 0, 0)), gram, order, factor, x_scale, int(dim), gram_unit, gram_tiny, w, v_norm, rank, ns, q,
+        float(coef), absolute, s_norm, np.float64(1.0), False, counts, cells,
     )  # fmt: skip
     return counts, [cells[c, : n_cells[c]] for c in range(4)]
 
@@ -609,6 +621,7 @@ def cell_coordinates(
 __all__ = [
     "AVAILABLE",
     "DEFAULT_KERNEL",
+    "GRAM_ROUNDING",
     "KERNELS",
     "cell_coordinates",
     "check_kernel",

@@ -76,9 +76,14 @@ PRODUCTS = ("auto", "values", "gram")
 #: (measured on SmolLM2-135M layers of 512 and 1024 tokens; docs/scaling.md).
 GRAM_COST = 2
 
-#: The Gram matrices of one call (``P K^2`` float64) take at most this many bytes: the blocks whose
+#: The Gram matrices of one call (``P K^2`` entries) take at most this many bytes: the blocks whose
 #: ``K`` would need more take the value route.
 GRAM_MAX_BYTES = 64 << 20
+
+#: The Gram matrices are stored in float32 (half the bytes that the running sums stream; the band
+#: takes their rounding, docs/engine.md) where every value exponent of the call lies within this of
+#: 0, so that no entry (at most ``d 2^80``) overflows float32; else in float64.
+GRAM_FLOAT32_EXPONENT = 40
 
 #: The cells a Gram-route row counts per key in a block's budget: its per-key rows (weights, order,
 #: ranks, sorted weights, their running sum, norms) and room; it stores no ``[G, K]`` product.
@@ -173,7 +178,7 @@ def separability_queries(
     products : {"auto", "values", "gram"}
         How the inner products ``<v_i, s(N)>`` of the screen are formed (:data:`PRODUCTS`): one
         matrix product per block (``"values"``, in ``screen``'s dtype), running sums of the Gram
-        matrix inside the compiled pass (``"gram"``, float64; Euclidean with ``kernel="numba"``,
+        matrix inside the compiled pass (``"gram"``, float64 sums; Euclidean with ``kernel="numba"``,
         else the value route), or the cheaper per block (``"auto"``). Every metric is the same,
         bit for bit.
 
@@ -278,12 +283,14 @@ def _compute(
         products=products,
     )
     groups = n_batch * values.shape[2]
+    small = bool((problem.value_exps.abs() <= GRAM_FLOAT32_EXPONENT).all())
+    gram_dtype = torch.float32 if small else torch.float64
     blocks, gram_keys = _blocks(
-        queries, n_batch * n_heads * n_draws, values.shape[-1], grid, block_cells, products, groups
+        queries, n_batch * n_heads * n_draws, values.shape[-1], grid, block_cells, products, groups, gram_dtype.itemsize
     )
     if gram_keys:  # <v_i, v_j> of the keys 0..K-1 of the longest Gram-route block, per group
         keys = einops.rearrange(values[:, :gram_keys], "b k g d -> (b g) k d")
-        problem.gram = torch.bmm(keys, keys.mT).numpy()
+        problem.gram = torch.bmm(keys, keys.mT).to(gram_dtype).numpy()  # float64, then rounded once
     _solve_all(problem, blocks, out, workers)
     # the F-scores of each draw, then means over the draws (definitions §7)
     out["f_at_rmax"] = 2 * out["precision"] / (1 + out["precision"])
@@ -303,10 +310,10 @@ def _compute(
     )
 
 
-def _takes_gram(products: str, n_keys: int, n_sizes: int, dim: int, groups: int) -> bool:
+def _takes_gram(products: str, n_keys: int, n_sizes: int, dim: int, groups: int, itemsize: int) -> bool:
     """Whether a block of ``n_keys`` keys and ``n_sizes`` sizes (``groups`` key/value heads times the
-    batch) forms its products from the Gram matrix."""
-    if products == "values" or groups * n_keys * n_keys * 8 > GRAM_MAX_BYTES:
+    batch) forms its products from the Gram matrix (of entries of ``itemsize`` bytes)."""
+    if products == "values" or groups * n_keys * n_keys * itemsize > GRAM_MAX_BYTES:
         return False
     return products == "gram" or GRAM_COST * n_keys <= n_sizes * dim
 
@@ -375,12 +382,14 @@ def _blocks(
     block_cells: int,
     products: str = "values",
     groups: int = 1,
+    gram_itemsize: int = 8,
 ) -> tuple[list[Tensor], int]:
     """Query indices in blocks of nearby positions, each within ``block_cells`` (one query at least),
     none padding its shortest row by more than a quarter (plus 8 keys). A row of ``K`` keys and ``G``
     sizes counts ``K (G + d)`` cells (the value product's ``[G, K]`` and the sums' ``[K, d]``), or
     ``GRAM_ROW_CELLS K + G d`` where it takes the Gram route (its per-key rows and its centres).
-    Also the largest ``K`` of the blocks that take the Gram route (0: none): the Gram matrices' size."""
+    Also the largest ``K`` of the blocks that take the Gram route (0: none): the Gram matrices' size
+    (``groups`` of them, of entries of ``gram_itemsize`` bytes)."""
     by_position = sorted(range(len(queries)), key=lambda j: queries[j])
     width = grid.valid.sum(dim=1).tolist()
     blocks: list[list[int]] = []
@@ -390,7 +399,7 @@ def _blocks(
         keys = max(top, queries[j] + 1)
         sizes = max([width[i] for i in current] + [width[j]])
         too_long = current and keys > (queries[current[0]] + 1) * 5 // 4 + 8
-        gram = _takes_gram(products, keys, sizes, dim, groups)
+        gram = _takes_gram(products, keys, sizes, dim, groups, gram_itemsize)
         per_row = GRAM_ROW_CELLS * keys + sizes * dim if gram else keys * (sizes + dim)
         if current and (too_long or rows_per_query * (len(current) + 1) * per_row > block_cells):
             blocks.append(current)
@@ -399,7 +408,7 @@ def _blocks(
         top = keys
     blocks.append(current)
     shapes = [(queries[b[-1]] + 1, max(width[i] for i in b)) for b in blocks]  # K and G (b by position)
-    gram_keys = max((k for k, g in shapes if _takes_gram(products, k, g, dim, groups)), default=0)
+    gram_keys = max((k for k, g in shapes if _takes_gram(products, k, g, dim, groups, gram_itemsize)), default=0)
     return [torch.tensor(b, dtype=torch.int64) for b in blocks], gram_keys
 
 
@@ -458,7 +467,8 @@ class _Problem:
     kernel: str
     value_exps: Tensor  # [b, L, g] int32: the exponent of max |v| over keys 0..k (rows ending at k)
     products: str = "values"  # see PRODUCTS
-    gram: np.ndarray | None = None  # [P, K, K] float64: <v_i, v_j> per group, K of the longest Gram-route block
+    # [P, K, K] float32 or float64 (GRAM_FLOAT32_EXPONENT): <v_i, v_j> per group, K of the longest Gram-route block
+    gram: np.ndarray | None = None
 
     def solve(self, block: Tensor, out: dict[str, Tensor]) -> None:
         block = block.to(self.weights.device)
@@ -638,7 +648,7 @@ class _Screen:
         n_keys = rank.shape[-1]
         gram = (
             p.gram is not None
-            and _takes_gram(p.products, n_keys, n_sizes, dim, p.gram.shape[0])
+            and _takes_gram(p.products, n_keys, n_sizes, dim, p.gram.shape[0], p.gram.itemsize)
             and bool((value_exp.abs() <= GRAM_MAX_EXPONENT).all())
         )
         dtype = torch.float64 if gram else p.screen
