@@ -275,24 +275,32 @@ def _screen_counts(
 
 def _prefix_sums(v, order, factor, at, last, centers, z):  # pragma: no cover - compiled
     """Running sums of ``v[order[k]] * factor[k]`` over ``k``, kept at the keys ``at`` (non-decreasing)
-    and at ``last``: what ``cumsum`` then ``gather`` give, summed in the same order."""
+    and at ``last``: what ``cumsum`` then ``gather`` give, summed in the same order (four keys per
+    pass over the running sum, added one after another: the same sums as one at a time)."""
     n_groups, n_rows, n_keys = order.shape
     n_sizes, dim = at.shape[1], v.shape[2]
     acc = np.empty(dim, dtype=v.dtype)
     for p in range(n_groups):
         for r in range(n_rows):
             acc[:] = 0.0
-            g = 0
-            for k in range(n_keys):
-                f, value = factor[p, r, k], v[p, order[p, r, k]]  # a contiguous row: LLVM vectorises
-                for j in range(dim):
-                    acc[j] += value[j] * f
-                while g < n_sizes and at[r, g] == k:
+            f, o, k = factor[p, r], order[p, r], 0
+            for g in range(n_sizes + 1):  # up to each size's last key, then to the row's last key
+                stop = at[r, g] if g < n_sizes else last[r]  # inclusive; every size is at most last (N <= K)
+                while k + 3 <= stop:  # contiguous rows: LLVM vectorises
+                    f0, f1, f2, f3 = f[k], f[k + 1], f[k + 2], f[k + 3]
+                    a0, a1, a2, a3 = v[p, o[k]], v[p, o[k + 1]], v[p, o[k + 2]], v[p, o[k + 3]]
+                    for j in range(dim):
+                        acc[j] = (((acc[j] + a0[j] * f0) + a1[j] * f1) + a2[j] * f2) + a3[j] * f3
+                    k += 4
+                while k <= stop:
+                    f0, a0 = f[k], v[p, o[k]]
+                    for j in range(dim):
+                        acc[j] += a0[j] * f0
+                    k += 1
+                if g < n_sizes:
                     centers[p, r, g] = acc
-                    g += 1
-                if k == last[r]:  # every size is at or before it (N <= K)
+                else:
                     z[p, r, 0] = acc
-                    break
 
 
 def _differences(v, scale, w, centers, group, key, row, where, out):  # pragma: no cover - compiled
