@@ -8,6 +8,7 @@ and both screening dtypes, and every metric must be equal bit for bit.
 
 from __future__ import annotations
 
+from fractions import Fraction
 from functools import partial
 
 import numpy as np
@@ -341,6 +342,29 @@ def test_grid_sums_equal_a_loop_and_cumsum(n_rows, n_keys, dim, sizes, by_order,
             assert torch.equal(got[r, g], total)
 
 
+def add_product(acc: np.ndarray, factor: float, row: np.ndarray) -> np.ndarray:
+    """``acc + factor * row`` elementwise as the compiled sums add a term: rounded once (the exact value,
+    by fractions) where they are fused multiply-adds (``fused.gram_sums_fused()``), else twice."""
+    if not fused.gram_sums_fused():
+        return acc + factor * row
+    return np.array([float(Fraction(a) + Fraction(factor) * Fraction(g)) for a, g in zip(acc.tolist(), row.tolist())])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 37), st.sampled_from([np.float64, np.float32]), st.integers(0, 2**16))
+def test_gram_running_sums_round_each_term_as_documented(n, last, gram_dtype, seed):
+    """The compiled sums (four terms per pass, vectorised along the keys, and their remainders) against
+    the terms added one at a time, rounded once where ``gram_sums_fused()`` says so, else twice."""
+    rng = np.random.default_rng(seed)
+    size = max(n, last)
+    gram = rng.normal(size=(size, size)).astype(gram_dtype)
+    order, factor = rng.permutation(size)[:n], rng.uniform(size=n)
+    want = np.zeros(last)
+    for t in range(n):
+        want = add_product(want, factor[t], gram[order[t], :last].astype(np.float64))
+    assert np.array_equal(fused.gram_running_sums(gram, order, factor, n, last), want)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     st.integers(1, 2),
@@ -354,7 +378,7 @@ def test_grid_sums_equal_a_loop_and_cumsum(n_rows, n_keys, dim, sizes, by_order,
 def test_gram_screen_counts_equal_the_loops_over_every_row(n_groups, n_keys, n_rows, dim, seed, gram_dtype, tiny):
     """The Gram route's kernel against the documented decisions one cell at a time: the products
     ``x_scale sum_{t<N} factor_t G[i, order_t]`` summed in ``t`` order (in float64 from the stored
-    entries), the band's added term ``4 ((d + 2 N + 8) u + u_G) A(N) ||y_i||`` (as ``s + (2 (d + 2 N
+    entries; one rounding per term where the sums are fused multiply-adds, else two), the band's added term ``4 ((d + 2 N + 8) u + u_G) A(N) ||y_i||`` (as ``s + (2 (d + 2 N
     + 8) u + 2 u_G) A / coef``; ``u_G = 2^-24`` for a float32 Gram, else 0) and its floors. ``tiny``:
     values of ``2^-70`` whose float32 Gram entries are subnormals (the floor ``4 x_scale N 2^-150``
     decides), and a key ``2^-23`` from another (the term ``u_G`` decides)."""
@@ -388,7 +412,7 @@ def test_gram_screen_counts_equal_the_loops_over_every_row(n_groups, n_keys, n_r
             for g, n in enumerate(ns[r]):
                 acc, lengths = np.zeros(n_keys), 0.0
                 for t in range(n):
-                    acc = acc + factor[p, r, t] * gram[p, order[p, r, t]].astype(np.float64)
+                    acc = add_product(acc, factor[p, r, t], gram[p, order[p, r, t]].astype(np.float64))
                     lengths += factor[p, r, t] * v_norm[p, r, order[p, r, t]]
                 x[p, :, g, r] = acc * x_scale[p, r]
                 s_band[p, r, g] += (2 * (dim + 2 * n + 8) * 2.0**-53 + 2 * unit) * lengths / coef

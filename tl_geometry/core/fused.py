@@ -14,7 +14,8 @@ reassociated or contracted).
 
 :func:`gram_screen_counts` makes the same passes with the products formed in them: running sums of
 the rows of the Gram matrix ``G = V V^T`` (float64 or float32) along each row's selection order,
-``x = sum_{t<N} w_t G[i, o_t]``, in float64, the band widened by their rounding.
+``x = sum_{t<N} w_t G[i, o_t]``, in float64 (each term a fused multiply-add where the CPU has one:
+:func:`gram_sums_fused`), the band widened by their rounding.
 
 Example: ``screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, given=False)`` for the
 ``[P, E, G, K]`` products ``x`` of a block.
@@ -22,6 +23,7 @@ Example: ``screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, give
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -173,7 +175,9 @@ GRAM_ROUNDING = {np.dtype(np.float64): (0.0, 0.0), np.dtype(np.float32): (2.0**-
 
 def _accumulate(gram, order, factor, t, n, last, acc):  # pragma: no cover - compiled
     """``acc[k] += factor[t] * gram[order[t], k]`` for ``t`` up to ``n`` and ``k < last``, in ``t`` order
-    (four terms per pass over ``acc``, added one after another: the same sums as one at a time)."""
+    (four terms per pass over ``acc``, added one after another: the same sums as one at a time).
+    Compiled with contraction only: each term is one fused multiply-add where the CPU has one (one
+    rounding instead of two, which the band covers as well; nothing is reordered)."""
     while t + 4 <= n:
         f0, f1, f2, f3 = factor[t], factor[t + 1], factor[t + 2], factor[t + 3]
         g0, g1, g2, g3 = gram[order[t]], gram[order[t + 1]], gram[order[t + 2]], gram[order[t + 3]]
@@ -334,7 +338,7 @@ if AVAILABLE:
     _extremes = numba.njit(cache=True)(_extremes)
     _decisions = numba.njit(cache=True)(_decisions)
     _grow = numba.njit(cache=True, inline="never")(_grow)
-    _accumulate = numba.njit(cache=True)(_accumulate)
+    _accumulate = numba.njit(cache=True, fastmath={"contract"})(_accumulate)
     _compiled = numba.njit(cache=True, nogil=True)(_screen_counts)
     _compiled_sums = numba.njit(cache=True, nogil=True)(_prefix_sums)
     _compiled_differences = numba.njit(cache=True, nogil=True)(_differences)
@@ -468,6 +472,45 @@ def gram_screen_counts(
         float(coef), absolute, s_norm, np.float64(1.0), False, counts, cells,
     )  # fmt: skip
     return counts, [cells[c, : n_cells[c]] for c in range(4)]
+
+
+def gram_running_sums(gram: np.ndarray, order: np.ndarray, factor: np.ndarray, n: int, last: int) -> np.ndarray:
+    """``sum_{t < n} factor[t] * gram[order[t], :last]`` as the Gram route adds it: float64, in ``t`` order.
+
+    Parameters
+    ----------
+    gram : [L, L] float64 or float32
+        One group's Gram matrix.
+    order, factor : [K] int64, [K] float64
+        A row's selection order and the weight of its ``t``-th selected key.
+    n, last : int
+        The terms to add (``n <= K``) and the products to form (``last <= L``).
+
+    Returns
+    -------
+    [last] float64
+        The products of the row's keys ``0..last-1`` with its centre of size ``n`` (unscaled).
+
+    >>> gram_running_sums(np.eye(3), np.array([2, 0, 1]), np.array([0.5, 0.25, 0.25]), 2, 3).tolist()
+    [0.25, 0.0, 0.5]
+    """
+    acc = np.zeros(last)
+    _accumulate(np.ascontiguousarray(gram), np.ascontiguousarray(order), np.ascontiguousarray(factor), 0, n, last, acc)
+    return acc
+
+
+@lru_cache(maxsize=1)
+def gram_sums_fused() -> bool:
+    """Whether the Gram route's running sums add each term as a fused multiply-add here (one rounding:
+    CPUs with FMA) or as a product then a sum (two): whether :func:`gram_running_sums` keeps the
+    ``2^-60`` of ``-1 + (1 + 2^-30)^2``, which one rounding keeps and two do not.
+
+    >>> gram_sums_fused() in (True, False)
+    True
+    """
+    x = 1.0 + 2.0**-30  # the terms -1 (exact), then x * x = 1 + 2^-29 + 2^-60
+    sums = gram_running_sums(np.array([[-1.0], [x]]), np.array([0, 1]), np.array([1.0, x]), 2, 1)
+    return bool(sums[0] != 2.0**-29)
 
 
 def _check_non_decreasing(sizes: np.ndarray | Tensor, caller: str) -> None:
@@ -634,7 +677,9 @@ __all__ = [
     "cell_coordinates",
     "check_kernel",
     "differences",
+    "gram_running_sums",
     "gram_screen_counts",
+    "gram_sums_fused",
     "grid_sums",
     "prefix_sums",
     "screen_counts",
