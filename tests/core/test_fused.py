@@ -365,6 +365,13 @@ def test_gram_running_sums_round_each_term_as_documented(n, last, gram_dtype, se
     assert np.array_equal(fused.gram_running_sums(gram, order, factor, n, last), want)
 
 
+@pytest.mark.parametrize("n, last, order", [(3, 2, [0, 1]), (1, 3, [0]), (1, 2, [2]), (1, 2, [-1])])
+def test_gram_running_sums_refuse_what_they_cannot_read(n, last, order):
+    """More terms than the order holds, more products than the Gram's columns, keys beyond its rows."""
+    with pytest.raises(ValueError, match="gram_running_sums"):
+        fused.gram_running_sums(np.eye(2), np.array(order), np.ones(len(order)), n, last)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     st.integers(1, 2),

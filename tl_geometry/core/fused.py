@@ -494,6 +494,10 @@ def gram_running_sums(gram: np.ndarray, order: np.ndarray, factor: np.ndarray, n
     >>> gram_running_sums(np.eye(3), np.array([2, 0, 1]), np.array([0.5, 0.25, 0.25]), 2, 3).tolist()
     [0.25, 0.0, 0.5]
     """
+    if not (0 <= n <= min(len(order), len(factor)) and 0 <= last <= gram.shape[1]):
+        raise ValueError(f"gram_running_sums needs n <= len(order) and last <= L, got n={n}, last={last}")
+    if n and not 0 <= int(np.min(order[:n])) <= int(np.max(order[:n])) < gram.shape[0]:
+        raise ValueError("gram_running_sums needs the order's keys among the Gram matrix's rows")
     acc = np.zeros(last)
     _accumulate(np.ascontiguousarray(gram), np.ascontiguousarray(order), np.ascontiguousarray(factor), 0, n, last, acc)
     return acc
