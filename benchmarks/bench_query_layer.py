@@ -67,14 +67,16 @@ def main() -> None:
                 flush=True,
             )
             del warm
-        same = all(
-            torch.equal(
-                getattr(results[torch.float64], name).nan_to_num(-1.0),
-                getattr(results[torch.float32], name).nan_to_num(-1.0),
-            )
-            for name in ("precision", "recall", "r_max", "r_min", "local_error_del", "local_error_ren")
-        )
+        same = bit_identical(results[torch.float64], results[torch.float32])
         print(f"  float32 screening equals float64 bit for bit: {same}")
+
+
+def bit_identical(first, other) -> bool:
+    """Whether two results of ``separability_queries`` hold the same metrics bit for bit (NaNs alike)."""
+    return all(
+        torch.equal(getattr(first, name).nan_to_num(-1.0), getattr(other, name).nan_to_num(-1.0))
+        for name in ("precision", "recall", "r_max", "r_min", "local_error_del", "local_error_ren")
+    )
 
 
 def routes(layer, weights, values, queries, kv_head_of, how, args) -> None:
@@ -95,11 +97,7 @@ def routes(layer, weights, values, queries, kv_head_of, how, args) -> None:
         print(f"layer {layer}, {len(queries)} queries, products={route}: best {min(times):.3f}s, median "
               f"{statistics.median(times):.3f}s of {args.repeat}  (load average {os.getloadavg()[0]:.2f})")  # fmt: skip
     first = results[args.products[0]]
-    same = all(
-        torch.equal(getattr(first, name).nan_to_num(-1.0), getattr(other, name).nan_to_num(-1.0))
-        for other in results.values()
-        for name in ("precision", "recall", "r_max", "r_min", "local_error_del", "local_error_ren")
-    )
+    same = all(bit_identical(first, other) for other in results.values())
     print(f"  every route gives the same metrics bit for bit: {same}", flush=True)
 
 
