@@ -171,14 +171,14 @@ def test_screen_counts_by_hand():
     assert counts[:, 0, 0].tolist() == [[0, 0], [1, 2]]
     # flat [P, K, E, G] index k * 2 + g: r_max's candidates the largest selected (key 0 for N=1,
     # key 1 for N=2), r_min's the smallest unselected (key 2 for N=1 and N=2)
-    assert [c.tolist() for c in cells] == [[0, 3], [4, 5], [], []]
+    assert [c.tolist() for c in cells.lists()] == [[0, 3], [4, 5], [], []]
     # a band per key: ||y|| (||y|| + 2 ||s||) is 3 for keys 0 and 1 and 8 for key 2. With coef 0.1,
     # N=1: key 0 [-1.3, -0.7] selected, keys 1 [0.7, 1.3] and 2 [-0.8, 0.8] unselected: both are
     # r_min's candidates, key 2 is undecided against r_max, key 0 against r_min (-0.7 > -0.8);
     # N=2: keys 0 [-1.3, -0.7] and 1 [-0.3, 0.3] selected, key 2 [3.2, 4.8]: both surely within r_min
     counts, cells = screen_by_hand(0.1, 0.0)
     assert counts[:, 0, 0].tolist() == [[0, 0], [0, 2]]
-    assert [sorted(c.tolist()) for c in cells] == [[0, 3], [2, 4, 5], [4], [0]]
+    assert [sorted(c.tolist()) for c in cells.lists()] == [[0, 3], [2, 4, 5], [4], [0]]
 
 
 def test_a_key_of_wide_band_stays_a_candidate_for_r_max():
@@ -201,7 +201,7 @@ def test_a_key_of_wide_band_stays_a_candidate_for_r_max():
         s,
         given=False,
     )
-    assert [c.tolist() for c in cells] == [[0, 1], [], [], []]
+    assert [c.tolist() for c in cells.lists()] == [[0, 1], [], [], []]
     assert counts[:, 0, 0].tolist() == [[0], [2]]  # nothing left out: both within r_min = inf
 
 
@@ -247,6 +247,16 @@ def screen_by_loops(x, w, v_norm, rank, ns, q, coef, absolute, s_norm):
     return counts, [sorted(c) for c in cells]
 
 
+def assert_listed_once_centre_by_centre(cells: fused.ListedCells, shape: tuple[int, int, int, int]) -> None:
+    """Each listed key once, for at least one kind, ordered by group, row, size, then key (the keys of
+    one centre together); ``shape`` is ``[P, K, E, G]``."""
+    group, key, row, size = np.unravel_index(cells.flat, shape)
+    n_groups, n_keys, n_rows, n_sizes = shape
+    by_centre = ((group * n_rows + row) * n_sizes + size) * n_keys + key
+    assert np.all(np.diff(by_centre) > 0)
+    assert np.all(cells.kinds != 0) and np.all(cells.kinds < 16)
+
+
 @settings(max_examples=20, deadline=None)
 @given(st.integers(1, 2), st.integers(1, 9), st.integers(1, 11), st.integers(0, 2**16))
 def test_screen_counts_equal_the_loops_over_every_row(n_groups, n_keys, n_rows, seed):
@@ -263,7 +273,8 @@ def test_screen_counts_equal_the_loops_over_every_row(n_groups, n_keys, n_rows, 
     counts, cells = fused.screen_counts(*in_layout, ns, q, 0.05, absolute, s_norm, given=False)
     ref_counts, ref_cells = screen_by_loops(x, w, v_norm, rank, ns, q, 0.05, absolute, s_norm)
     assert np.array_equal(counts, ref_counts)
-    assert [sorted(c.tolist()) for c in cells] == ref_cells  # the kernel lists them row by row
+    assert [sorted(c.tolist()) for c in cells.lists()] == ref_cells  # the kernel lists them row by row
+    assert_listed_once_centre_by_centre(cells, x.shape[:2] + x.shape[2:][::-1])
 
 
 @settings(max_examples=20, deadline=None)
@@ -286,7 +297,8 @@ def test_screen_counts_with_infinite_zero_and_nan_bounds_equal_the_loops(n_keys,
         counts, cells = fused.screen_counts(*in_layout, ns, q, 0.05, absolute, s_norm, given=False)
         ref_counts, ref_cells = screen_by_loops(x, w, v_norm, rank, ns, q, 0.05, absolute, s_norm)
     assert np.array_equal(counts, ref_counts)
-    assert [sorted(c.tolist()) for c in cells] == ref_cells  # the kernel lists them row by row
+    assert [sorted(c.tolist()) for c in cells.lists()] == ref_cells  # the kernel lists them row by row
+    assert_listed_once_centre_by_centre(cells, x.shape[:2] + x.shape[2:][::-1])
 
 
 @settings(max_examples=25, deadline=None)
@@ -307,6 +319,39 @@ def test_cell_coordinates_unravel_the_flat_cells(n_groups, n_keys, n_rows, n_siz
     got = fused.cell_coordinates(torch.from_numpy(flat), n_keys, n_rows, n_sizes, compiled=compiled)
     for name, expected, actual in zip(("group", "key", "row", "where"), (group, key, row, where), got, strict=True):
         assert actual.tolist() == expected.tolist(), name
+
+
+def radii_by_loops(dist, where, kinds, k_out, k_in):
+    """The radii and counts of :func:`fused.measured_radii`, one cell at a time."""
+    r_max, r_min = np.full(k_out.size, -np.inf), np.full(k_out.size, np.inf)
+    k_out, k_in = k_out.reshape(-1).copy(), k_in.reshape(-1).copy()
+    for d, w, kind in zip(dist, where, kinds):
+        if kind & fused.KIND_R_MAX:
+            r_max[w] = max(r_max[w], d)
+        if kind & fused.KIND_R_MIN:
+            r_min[w] = min(r_min[w], d)
+    for d, w, kind in zip(dist, where, kinds):
+        k_out[w] += bool(kind & fused.KIND_WITHIN_R_MAX) and d <= r_max[w]
+        k_in[w] += bool(kind & fused.KIND_WITHIN_R_MIN) and d <= r_min[w]
+    return k_out, k_in, r_max, r_min
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 6), st.integers(0, 40), st.integers(0, 2**31 - 1), st.booleans())
+def test_measured_radii_equal_the_loops(n_cells_of_rows, n_listed, seed, compiled):
+    """Listed cells of any kinds (two at once, none of some rows and sizes), distances with ties:
+    both ways give the radii and counts of the cell-by-cell loops."""
+    rng = np.random.default_rng(seed)
+    shape = (1, n_cells_of_rows, 2)
+    dist = rng.choice([0.0, 0.5, 1.0, 1.5, 2.0], size=n_listed)
+    where = rng.integers(0, np.prod(shape), n_listed)
+    kinds = rng.choice([1, 2, 4, 8, 1 | 8, 2 | 4], size=n_listed).astype(np.uint8)
+    k_out, k_in = rng.integers(0, 3, shape), rng.integers(0, 3, shape)
+    got = fused.measured_radii(*(torch.from_numpy(a) for a in (dist, where, kinds, k_out, k_in)), compiled=compiled)
+    for name, expected, actual in zip(
+        ("k_out", "k_in", "r_max", "r_min"), radii_by_loops(dist, where, kinds, k_out, k_in), got, strict=True
+    ):
+        assert actual.shape == shape and actual.reshape(-1).tolist() == expected.tolist(), name
 
 
 def test_cell_coordinates_compiled_needs_the_cpu():
@@ -429,7 +474,8 @@ def test_gram_screen_counts_equal_the_loops_over_every_row(n_groups, n_keys, n_r
         x, w.swapaxes(1, 2), v_norm.swapaxes(1, 2), rank.swapaxes(1, 2), ns, q, coef, absolute_band, s_band
     )
     assert np.array_equal(counts, ref_counts)
-    assert [sorted(c.tolist()) for c in cells] == ref_cells  # the kernel lists them row by row
+    assert [sorted(c.tolist()) for c in cells.lists()] == ref_cells  # the kernel lists them row by row
+    assert_listed_once_centre_by_centre(cells, (n_groups, n_keys, n_rows, 3))
 
 
 @pytest.mark.parametrize("ns, coef, match", [([[2, 1]], 0.05, "non-decreasing"), ([[1, 2]], 0.0, "coef > 0")])
@@ -477,4 +523,4 @@ def test_the_gram_routes_band_covers_its_running_sums(epsilon, gram_dtype, undec
     )
     # decided: key 1 surely beyond r_max, key 0 surely within r_min; else both measured
     assert counts[:, 0, 0, 0].tolist() == ([0, 0] if undecided else [0, 1])
-    assert [c.tolist() for c in cells] == ([[0], [1], [1], [0]] if undecided else [[0], [1], [], []])
+    assert [c.tolist() for c in cells.lists()] == ([[0], [1], [1], [0]] if undecided else [[0], [1], [], []])

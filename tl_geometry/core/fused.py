@@ -23,6 +23,8 @@ Example: ``screen_counts(x, w, v_norm, rank, ns, q, coef, absolute, s_norm, give
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -143,8 +145,8 @@ def _extremes(lo_bits, hi_bits, rank, n, last, out):  # pragma: no cover - compi
 
 def _decisions(lo, hi, rank, n, last, m_max, p_max, m_min, p_min, flagged):  # pragma: no cover - compiled
     """The keys of one row and size surely within ``r_max`` (unselected) and ``r_min`` (selected), and
-    which keys to measure (``flagged``): branch-free, vectorised by LLVM."""
-    within_max, within_min = 0, 0
+    which keys to measure (``flagged``, and how many): branch-free, vectorised by LLVM."""
+    within_max, within_min, n_flagged = 0, 0, 0
     for k in range(last):
         selected = rank[k] < n
         sure_out, sure_in = hi[k] <= m_max, hi[k] <= m_min
@@ -152,15 +154,46 @@ def _decisions(lo, hi, rank, n, last, m_max, p_max, m_min, p_min, flagged):  # p
         within_min += selected & sure_in
         near_out = (lo[k] <= p_min) | ((not sure_out) & (lo[k] <= p_max))
         near_in = (hi[k] >= m_max) | ((not sure_in) & (lo[k] <= p_min))
-        flagged[k] = (selected & near_in) | ((not selected) & near_out)
-    return within_max, within_min
+        flag = (selected & near_in) | ((not selected) & near_out)
+        flagged[k] = flag
+        n_flagged += flag
+    return within_max, within_min, n_flagged
 
 
 def _grow(cells):  # pragma: no cover - compiled
-    """``cells`` in an array twice as wide."""
-    larger = np.empty((cells.shape[0], 2 * cells.shape[1]), dtype=cells.dtype)
-    larger[:, : cells.shape[1]] = cells
+    """``cells`` in an array twice as long."""
+    larger = np.empty(2 * cells.shape[0], dtype=cells.dtype)
+    larger[: cells.shape[0]] = cells
     return larger
+
+
+#: What a listed cell is measured for (:class:`ListedCells`), as bits of its kind: a candidate for
+#: ``r_max`` (a selected key that may be the farthest), for ``r_min`` (an unselected key that may be
+#: the nearest), an unselected key undecided against ``r_max``, a selected key undecided against ``r_min``.
+KIND_R_MAX, KIND_R_MIN, KIND_WITHIN_R_MAX, KIND_WITHIN_R_MIN = 1, 2, 4, 8
+
+
+@dataclass(frozen=True)
+class ListedCells:
+    """The keys a block's screen leaves to measure in float64: flat ``[P, K, E, G]`` indices, each
+    once, row by row, size by size, keys ascending (the keys of one centre together), with the bits
+    of what each is measured for (``KIND_*``)."""
+
+    flat: np.ndarray  # [c] int64
+    kinds: np.ndarray  # [c] uint8
+
+    def lists(self) -> list[np.ndarray]:
+        """The four lists of flat indices: ``r_max``'s candidates, ``r_min``'s, the unselected keys
+        undecided against ``r_max``, the selected ones against ``r_min`` (in the same order).
+
+        >>> cells = ListedCells(np.array([3, 5, 9]), np.array([KIND_R_MAX | KIND_WITHIN_R_MIN, KIND_R_MIN, KIND_R_MAX]))
+        >>> [c.tolist() for c in cells.lists()]
+        [[3, 9], [5], [], [3]]
+        """
+        return [self.flat[(self.kinds & kind) != 0] for kind in _KINDS]
+
+
+_KINDS = (KIND_R_MAX, KIND_R_MIN, KIND_WITHIN_R_MAX, KIND_WITHIN_R_MIN)
 
 
 #: float64's unit roundoff ``2^-53`` and smallest subnormal ``2^-1074`` (the Gram route's band).
@@ -193,7 +226,7 @@ def _accumulate(gram, order, factor, t, n, last, acc):  # pragma: no cover - com
 
 def _screen_counts(
     x, gram, order, factor, x_scale, dim, gram_unit, gram_tiny, w, v_norm, rank, ns, q, coef, absolute, s_norm, one,
-    given, counts, cells,
+    given, counts, cells, kinds,
 ):  # pragma: no cover  # fmt: skip
     # x [P, E, G, K] the products (the value route), or, where gram [P, L, L] (L >= K; float64 or
     # float32, read into float64) is not empty, x [0, 0, 0, 0] float64 and the products formed here
@@ -201,13 +234,13 @@ def _screen_counts(
     # gram_tiny the rounding of the Gram's storage; see below). w, v_norm, rank [P, E, K]; ns [E, G];
     # q [E]; absolute, s_norm [P, E, G].
     # counts [2, P, E, G]: the unselected keys surely within r_max, the selected surely within r_min;
-    # cells [4, capacity]: flat [P, K, E, G] indices of r_max's candidates, r_min's candidates, the
-    # unselected keys undecided against r_max and the selected undecided against r_min. Each row
-    # and size is three passes along its keys (contiguous; keys after the row's last never read).
+    # cells, kinds [capacity]: flat [P, K, E, G] indices of the keys to measure, each once, and the
+    # bits (ListedCells) of what for. Each row and size is three passes along its keys (contiguous;
+    # keys after the row's last never read), then a look at its few flagged keys.
     from_gram = gram.shape[0] > 0
     n_groups, n_rows, n_keys = rank.shape
     n_sizes = ns.shape[1]
-    n_cells = np.zeros(4, dtype=np.int64)
+    n_cells = 0
     sq, w2 = np.empty(n_keys, dtype=x.dtype), np.empty(n_keys, dtype=x.dtype)
     cy2, cy = np.empty(n_keys), np.empty(n_keys)
     lo, hi = np.empty(n_keys), np.empty(n_keys)
@@ -246,35 +279,34 @@ def _screen_counts(
                     _intervals(x[p, r, g], sq, w2, cy2, cy, s, band_floor, last, lo, hi)
                 _extremes(lo_bits, hi_bits, rank_r, n, last, extremes_bits)
                 m_max, p_max, m_min, p_min = extremes[0], extremes[1], extremes[2], extremes[3]
-                counts[0, p, r, g], counts[1, p, r, g] = _decisions(
+                counts[0, p, r, g], counts[1, p, r, g], n_flagged = _decisions(
                     lo, hi, rank_r, n, last, m_max, p_max, m_min, p_min, flagged
                 )
-                if n_cells.max() + last > cells.shape[1]:  # room for this row's cells
-                    cells = _grow(cells)
-                c0, c1, c2, c3 = n_cells[0], n_cells[1], n_cells[2], n_cells[3]
-                for word in range((last + 7) // 8):  # the few flagged keys: their cells
-                    if flag_words[word] == 0:  # (flags past ``last`` may be stale: never read below)
+                if n_cells + n_flagged > cells.shape[0]:  # room for this row's cells
+                    cells, kinds = _grow(cells), _grow(kinds)
+                word, seen = 0, 0
+                while seen < n_flagged:  # the few flagged keys, up to the last one: their cells
+                    if flag_words[word] == 0:  # (flags past ``last`` may be stale: never read)
+                        word += 1
                         continue
                     for k in range(8 * word, min(8 * word + 8, last)):
                         if not flagged[k]:
                             continue
-                        flat = ((p * n_keys + k) * n_rows + r) * n_sizes + g
-                        if rank_r[k] < n:
-                            if hi[k] >= m_max:  # may be the farthest selected key
-                                cells[0, c0] = flat
-                                c0 += 1
-                            if hi[k] > m_min and lo[k] <= p_min:
-                                cells[3, c3] = flat
-                                c3 += 1
-                        else:
-                            if lo[k] <= p_min:  # may be the nearest unselected key
-                                cells[1, c1] = flat
-                                c1 += 1
-                            if hi[k] > m_max and lo[k] <= p_max:
-                                cells[2, c2] = flat
-                                c2 += 1
-                n_cells[0], n_cells[1], n_cells[2], n_cells[3] = c0, c1, c2, c3
-    return n_cells, cells
+                        seen += 1
+                        if rank_r[k] < n:  # r_max's candidate (the farthest selected key?), r_min's undecided
+                            kind = (KIND_R_MAX if hi[k] >= m_max else 0) | (
+                                KIND_WITHIN_R_MIN if hi[k] > m_min and lo[k] <= p_min else 0
+                            )
+                        else:  # r_min's candidate (the nearest unselected key?), r_max's undecided
+                            kind = (KIND_R_MIN if lo[k] <= p_min else 0) | (
+                                KIND_WITHIN_R_MAX if hi[k] > m_max and lo[k] <= p_max else 0
+                            )
+                        if kind:  # (none only where a bound is NaN)
+                            cells[n_cells] = ((p * n_keys + k) * n_rows + r) * n_sizes + g
+                            kinds[n_cells] = kind
+                            n_cells += 1
+                    word += 1
+    return n_cells, cells, kinds
 
 
 def _prefix_sums(v, order, factor, at, last, centers, z):  # pragma: no cover - compiled
@@ -327,8 +359,25 @@ def _coordinates(flat, n_keys, n_rows, n_sizes, group, key, row, where):  # prag
         where[c] = (group[c] * n_rows + r) * n_sizes + size
 
 
+def _measured_radii(dist, where, kinds, k_out, k_in, r_max, r_min):  # pragma: no cover - compiled
+    """:func:`measured_radii` in two passes over the listed cells (a NaN distance stays, as torch's do)."""
+    for c in range(dist.shape[0]):  # every row and size's extremes among its candidates
+        d, w, kind = dist[c], where[c], kinds[c]
+        if kind & KIND_R_MAX and (d > r_max[w] or d != d):
+            r_max[w] = d
+        if kind & KIND_R_MIN and (d < r_min[w] or d != d):
+            r_min[w] = d
+    for c in range(dist.shape[0]):  # then the undecided keys against them
+        d, w, kind = dist[c], where[c], kinds[c]
+        if kind & KIND_WITHIN_R_MAX and d <= r_max[w]:
+            k_out[w] += 1
+        if kind & KIND_WITHIN_R_MIN and d <= r_min[w]:
+            k_in[w] += 1
+
+
 _compiled: Any = None
 _compiled_sums: Any = None
+_compiled_radii: Any = None
 _compiled_differences: Any = None
 _compiled_coordinates: Any = None
 if AVAILABLE:
@@ -343,6 +392,7 @@ if AVAILABLE:
     _compiled_sums = numba.njit(cache=True, nogil=True)(_prefix_sums)
     _compiled_differences = numba.njit(cache=True, nogil=True)(_differences)
     _compiled_coordinates = numba.njit(cache=True, nogil=True)(_coordinates)
+    _compiled_radii = numba.njit(cache=True, nogil=True)(_measured_radii)
 
 
 def screen_counts(
@@ -357,7 +407,7 @@ def screen_counts(
     s_norm: np.ndarray,
     *,
     given: bool,
-) -> tuple[np.ndarray, list[np.ndarray]]:
+) -> tuple[np.ndarray, ListedCells]:
     """The counts and re-check cells of one block's screen, in one pass over its keys (twice).
 
     Key ``i`` of row ``e`` and size ``g`` has the screening value ``E`` and the band
@@ -395,21 +445,21 @@ def screen_counts(
     counts : [2, P, E, G] int64
         The unselected keys surely within ``r_max`` (``P <= max M`` over the selected keys) and the
         selected keys surely within ``r_min`` (``P <= min M`` over the unselected ones).
-    cells : four int64 arrays of flat ``[P, K, E, G]`` indices, row by row and size by size
-        The candidates for ``r_max`` (selected, ``P >= max M``) and for ``r_min`` (unselected,
-        ``M <= min P``), and the keys neither surely within nor surely beyond ``r_max``
-        (unselected) and ``r_min`` (selected).
+    cells : ListedCells
+        The keys to measure, each once: the candidates for ``r_max`` (selected, ``P >= max M``) and
+        for ``r_min`` (unselected, ``M <= min P``), and the keys neither surely within nor surely
+        beyond ``r_max`` (unselected) and ``r_min`` (selected).
     """
     if _compiled is None:  # pragma: no cover
         raise RuntimeError("the fused kernel needs numba: pip install numba, or use kernel='torch'")
     one = np.ones((), dtype=x.dtype)[()]  # in the screen's dtype: float32 arithmetic stays float32
-    counts, cells = _outputs(absolute)
+    counts, cells, kinds = _outputs(absolute)
     none, no_keys = np.empty((0, 0, 0)), np.empty((0, 0, 0), dtype=np.int64)
-    n_cells, cells = _compiled(
+    n_cells, cells, kinds = _compiled(
         x, none, no_keys, none, np.empty((0, 0)), 0, 0.0, 0.0, w, v_norm, rank, ns, q, float(coef), absolute, s_norm,
-        one, given, counts, cells,
+        one, given, counts, cells, kinds,
     )  # fmt: skip
-    return counts, [cells[c, : n_cells[c]] for c in range(4)]
+    return counts, ListedCells(cells[:n_cells], kinds[:n_cells])
 
 
 def gram_screen_counts(
@@ -426,7 +476,7 @@ def gram_screen_counts(
     coef: float,
     absolute: np.ndarray,
     s_norm: np.ndarray,
-) -> tuple[np.ndarray, list[np.ndarray]]:
+) -> tuple[np.ndarray, ListedCells]:
     """:func:`screen_counts` (Euclidean, float64) with the products formed in the pass, from the Gram matrix.
 
     The product ``<v_i, s(N)>`` of a row is ``x_scale * sum_{t < N} factor_t G[i, order_t]``: a running
@@ -466,12 +516,12 @@ def gram_screen_counts(
     if gram.dtype not in GRAM_ROUNDING:
         raise ValueError(f"gram_screen_counts needs a float64 or float32 Gram matrix, got {gram.dtype}")
     gram_unit, gram_tiny = GRAM_ROUNDING[gram.dtype]
-    counts, cells = _outputs(absolute)
-    n_cells, cells = _compiled(
+    counts, cells, kinds = _outputs(absolute)
+    n_cells, cells, kinds = _compiled(
         np.empty((0, 0, 0, 0)), gram, order, factor, x_scale, int(dim), gram_unit, gram_tiny, w, v_norm, rank, ns, q,
-        float(coef), absolute, s_norm, np.float64(1.0), False, counts, cells,
+        float(coef), absolute, s_norm, np.float64(1.0), False, counts, cells, kinds,
     )  # fmt: skip
-    return counts, [cells[c, : n_cells[c]] for c in range(4)]
+    return counts, ListedCells(cells[:n_cells], kinds[:n_cells])
 
 
 def gram_running_sums(gram: np.ndarray, order: np.ndarray, factor: np.ndarray, n: int, last: int) -> np.ndarray:
@@ -523,9 +573,11 @@ def _check_non_decreasing(sizes: np.ndarray | Tensor, caller: str) -> None:
         raise ValueError(f"{caller} needs each row's sizes in non-decreasing order")
 
 
-def _outputs(absolute: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The kernels' counts ``[2, P, E, G]`` and cell lists ``[4, capacity]`` (usually enough; grown if not)."""
-    return np.zeros((2, *absolute.shape), dtype=np.int64), np.empty((4, 2 * absolute.size + 256), dtype=np.int64)
+def _outputs(absolute: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The kernels' counts ``[2, P, E, G]``, listed cells and their kinds ``[capacity]`` (usually
+    enough; grown if not)."""
+    capacity = 2 * absolute.size + 256
+    return np.zeros((2, *absolute.shape), dtype=np.int64), np.empty(capacity, np.int64), np.empty(capacity, np.uint8)
 
 
 def prefix_sums(v: Tensor, order: Tensor, factor: Tensor, at: Tensor, last: Tensor) -> tuple[Tensor, Tensor]:
@@ -673,11 +725,81 @@ def cell_coordinates(
     return tuple(out)
 
 
+def measured_radii(
+    dist: Tensor, where: Tensor, kinds: Tensor, k_out: Tensor, k_in: Tensor, *, compiled: bool | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The radii and counts of a block's rows and sizes from the direct distances of its listed cells.
+
+    Parameters
+    ----------
+    dist : [c] float64
+        The direct distance of each listed cell (:class:`ListedCells`).
+    where : [c] int64
+        Its row and size: the flat ``[P, E, G]`` index (:func:`cell_coordinates`).
+    kinds : [c] uint8
+        What it was listed for (the ``KIND_*`` bits).
+    k_out, k_in : [P, E, G] int64
+        The screen's counts of the keys surely within ``r_max`` and ``r_min``.
+    compiled : bool or None
+        Two numba passes (True) or torch scatters (False, on any device); None: compiled where
+        numba imports and ``dist`` is on the CPU. The two give the same numbers.
+
+    Returns
+    -------
+    k_out, k_in, r_max, r_min : [P, E, G]
+        ``r_max`` the largest distance of the ``KIND_R_MAX`` cells of each row and size (``-inf``
+        where none), ``r_min`` the smallest of the ``KIND_R_MIN`` cells (``+inf``: nothing left out);
+        the counts plus the ``KIND_WITHIN_R_MAX`` cells within ``r_max`` and the
+        ``KIND_WITHIN_R_MIN`` cells within ``r_min`` (new tensors).
+
+    >>> k = torch.zeros(1, 1, 1, dtype=torch.int64)
+    >>> kinds = torch.tensor([KIND_R_MAX, KIND_R_MAX, KIND_WITHIN_R_MAX], dtype=torch.uint8)
+    >>> dist, where = torch.tensor([1.0, 2.0, 1.5], dtype=torch.float64), torch.zeros(3, dtype=torch.int64)
+    >>> [t.flatten().tolist() for t in measured_radii(dist, where, kinds, k, k)]
+    [[1], [0], [2.0], [inf]]
+    """
+    shape = tuple(k_out.shape)
+    if use_compiled(compiled, dist, float64=True):
+        k_out, k_in = k_out.clone(), k_in.clone()
+        r_max = torch.full(shape, -torch.inf, dtype=torch.float64)
+        r_min = torch.full(shape, torch.inf, dtype=torch.float64)
+        arrays = (dist, where, kinds, k_out.view(-1), k_in.view(-1), r_max.view(-1), r_min.view(-1))
+        _compiled_radii(*(t.contiguous().numpy() for t in arrays[:3]), *(t.numpy() for t in arrays[3:]))
+        return k_out, k_in, r_max, r_min
+    r_max = _extreme(dist, where, kinds, KIND_R_MAX, shape, "amax")
+    r_min = _extreme(dist, where, kinds, KIND_R_MIN, shape, "amin")
+    k_out = k_out + _within(dist, where, kinds, KIND_WITHIN_R_MAX, r_max)
+    k_in = k_in + _within(dist, where, kinds, KIND_WITHIN_R_MIN, r_min)
+    return k_out, k_in, r_max, r_min
+
+
+def _extreme(dist: Tensor, where: Tensor, kinds: Tensor, kind: int, shape: tuple[int, ...], reduce: str) -> Tensor:
+    """Max / min of the distances ``dist`` of the listed cells of ``kind`` per row and size
+    (``where``, flat): of ``shape`` (``-inf`` / ``+inf`` where none)."""
+    fill = -torch.inf if reduce == "amax" else torch.inf
+    values = torch.where((kinds & kind) != 0, dist, fill)
+    out = torch.full((math.prod(shape),), fill, dtype=torch.float64, device=dist.device)
+    return out.scatter_reduce_(0, where, values, reduce=reduce).view(shape)
+
+
+def _within(dist: Tensor, where: Tensor, kinds: Tensor, kind: int, radius: Tensor) -> Tensor:
+    """How many of the distances ``dist`` of the listed cells of ``kind`` lie within the radius of
+    their row and size ``where``: of the radius' shape."""
+    hits = ((dist <= radius.reshape(-1).index_select(0, where)) & ((kinds & kind) != 0)).to(torch.int64)
+    out = torch.zeros(radius.numel(), dtype=torch.int64, device=dist.device)
+    return out.index_add_(0, where, hits).view(radius.shape)
+
+
 __all__ = [
     "AVAILABLE",
     "DEFAULT_KERNEL",
     "GRAM_ROUNDING",
     "KERNELS",
+    "KIND_R_MAX",
+    "KIND_R_MIN",
+    "KIND_WITHIN_R_MAX",
+    "KIND_WITHIN_R_MIN",
+    "ListedCells",
     "cell_coordinates",
     "check_kernel",
     "differences",
@@ -685,6 +807,7 @@ __all__ = [
     "gram_screen_counts",
     "gram_sums_fused",
     "grid_sums",
+    "measured_radii",
     "prefix_sums",
     "screen_counts",
     "use_compiled",

@@ -728,8 +728,7 @@ class _Screen:
             n_groups, n_rows, n_sizes = inputs["absolute"].shape
             n_keys = inputs["rank"].shape[-1]
             k_out, k_in = torch.from_numpy(counts)
-            sizes = [f.shape[0] for f in listed]
-            flat = torch.from_numpy(np.concatenate(listed))
+            flat, kinds = torch.from_numpy(listed.flat), torch.from_numpy(listed.kinds)
         else:
             assert self.bounds is not None
             lower, upper, inside, outside = self.bounds
@@ -749,21 +748,18 @@ class _Screen:
                 outside & (upper > m_max) & (lower <= p_max),
                 inside & (upper > m_min) & (lower <= p_min),
             )
+            # each kind's cells, one after another (a key listed for two kinds is measured twice)
             cells = [m.reshape(-1).nonzero().squeeze(1) for m in masks]
             n_groups, n_keys, n_rows, n_sizes = shape
-            sizes = [c.numel() for c in cells]
             flat = torch.cat(cells)
+            listed_for = (fused.KIND_R_MAX, fused.KIND_R_MIN, fused.KIND_WITHIN_R_MAX, fused.KIND_WITHIN_R_MIN)
+            kinds = torch.cat([torch.full_like(c, kind, dtype=torch.uint8) for c, kind in zip(cells, listed_for)])
         # where each listed cell lies: its group, key, row and flat [P, E, G] index
         group, key, row, where = fused.cell_coordinates(flat, n_keys, n_rows, n_sizes)
-        # every listed cell measured at once (one gather per block)
-        dist = self._distances(group, key, row, where).split(sizes)
-        where_of = where.split(sizes)
-        out_shape = (n_groups, n_rows, n_sizes)
-        r_max = _extreme(dist[0], where_of[0], out_shape, "amax")
-        r_min = _extreme(dist[1], where_of[1], out_shape, "amin")  # +inf where nothing is left out
-        k_out = k_out + _within(dist[2], where_of[2], r_max)
-        k_in = k_in + _within(dist[3], where_of[3], r_min)
-        return k_out, k_in, r_max, r_min
+        # every listed cell measured at once (one gather per block; the compiled screen lists the
+        # keys of one centre together, so each centre is read once)
+        dist = self._distances(group, key, row, where)
+        return fused.measured_radii(dist, where, kinds, k_out, k_in)  # r_min +inf where nothing is left out
 
     def _distances(self, group: Tensor, key: Tensor, row: Tensor, where: Tensor) -> Tensor:
         """Direct float64 distances of key ``key`` of row ``row`` in group ``group`` from its centre
@@ -787,21 +783,6 @@ class _Screen:
         dot = einops.einsum(y, s, "c d, c d -> c")
         norm_y, norm_s = torch.linalg.vector_norm(y, dim=-1), torch.linalg.vector_norm(s, dim=-1)
         return cosine_distance(dot, norm_y, norm_s, self.eps.reshape(-1).index_select(0, group_row))
-
-
-def _extreme(dist: Tensor, where: Tensor, shape: tuple[int, int, int], reduce: str) -> Tensor:
-    """Max / min of the distances ``dist`` of the cells ``where`` (flat [P, E, G]) per cell: [P, E, G]
-    (``-inf`` / ``+inf`` where none)."""
-    fill = -torch.inf if reduce == "amax" else torch.inf
-    out = torch.full((math.prod(shape),), fill, dtype=torch.float64, device=dist.device)
-    return out.scatter_reduce_(0, where, dist, reduce=reduce).view(shape)
-
-
-def _within(dist: Tensor, where: Tensor, radius: Tensor) -> Tensor:
-    """How many of the distances ``dist`` lie within the radius of their cell ``where``: [P, E, G]."""
-    hits = (dist <= radius.reshape(-1).index_select(0, where)).to(torch.int64)
-    out = torch.zeros(radius.numel(), dtype=torch.int64, device=dist.device)
-    return out.index_add_(0, where, hits).view(radius.shape)
 
 
 def _band(
