@@ -82,8 +82,9 @@ def local_errors(z: Tensor, centers: Tensor, mass: Tensor, work: Tensor | None =
     # numpy's shape arithmetic: torch.broadcast_shapes builds tensors (about 0.3 ms a call)
     scaled = (np.broadcast_shapes(centers.shape, mass[..., None].shape), torch.result_type(centers, mass))
     if scaled == (difference.shape, difference.dtype) and not any(x.requires_grad for x in (z, centers, mass)):
-        # the same operations written over ``z - s``: one large temporary, not three (fresh pages cost)
-        renormalised = torch.sub(z, torch.div(centers, mass[..., None], out=difference), out=difference)
+        # z + (-1 * s) / M, written over ``z - s``: the same numbers as z - s / M (the product by -1
+        # and the negated quotient are exact) in one pass, and one large temporary, not three
+        renormalised = torch.addcdiv(z, centers, mass[..., None], value=-1, out=difference)
     else:
         renormalised = z - centers / mass[..., None]
     renormalised = torch.linalg.vector_norm(renormalised, dim=-1) / z_norm

@@ -265,6 +265,9 @@ def selection_order(scores: Float[Tensor, "*batch k"]) -> Int[Tensor, "*batch k"
     )
     if fast:
         array = scores.detach().numpy()
+        keyed = stable_order.float32_key_order(array.reshape(-1, array.shape[-1]))  # None for a NaN too
+        if keyed is not None:
+            return torch.from_numpy(keyed.reshape(array.shape))
         if not np.isnan(array).any():
             return torch.from_numpy(stable_order.stable_descending(array))
     return torch.argsort(scores, dim=-1, descending=True, stable=True)

@@ -16,6 +16,7 @@ Example: ``stable_descending(np.array([[0.1, 0.4, 0.4, 0.1]]))`` is ``[[1, 2, 0,
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -87,7 +88,8 @@ def float32_key_order(scores: np.ndarray) -> np.ndarray | None:
     if not _compiled_keys(np.ascontiguousarray(scores), keys):
         return None
     keys.sort(axis=-1)
-    return (keys & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    low = keys.view(np.uint32)[..., 0 if sys.byteorder == "little" else 1 :: 2]  # each key's low 32 bits
+    return low.astype(np.int64)
 
 
 def stable_descending(scores: np.ndarray) -> np.ndarray:
