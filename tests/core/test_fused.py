@@ -255,6 +255,8 @@ def assert_listed_once_centre_by_centre(cells: fused.ListedCells, shape: tuple[i
     by_centre = ((group * n_rows + row) * n_sizes + size) * n_keys + key
     assert np.all(np.diff(by_centre) > 0)
     assert np.all(cells.kinds != 0) and np.all(cells.kinds < 16)
+    where = np.ravel_multi_index((group, row, size), (n_groups, n_rows, n_sizes))
+    assert [c.tolist() for c in cells.coordinates] == [group.tolist(), key.tolist(), row.tolist(), where.tolist()]
 
 
 @settings(max_examples=20, deadline=None)

@@ -161,9 +161,9 @@ def _decisions(lo, hi, rank, n, last, m_max, p_max, m_min, p_min, flagged):  # p
 
 
 def _grow(cells):  # pragma: no cover - compiled
-    """``cells`` in an array twice as long."""
-    larger = np.empty(2 * cells.shape[0], dtype=cells.dtype)
-    larger[: cells.shape[0]] = cells
+    """``cells`` in an array twice as wide."""
+    larger = np.empty((cells.shape[0], 2 * cells.shape[1]), dtype=cells.dtype)
+    larger[:, : cells.shape[1]] = cells
     return larger
 
 
@@ -177,16 +177,24 @@ KIND_R_MAX, KIND_R_MIN, KIND_WITHIN_R_MAX, KIND_WITHIN_R_MIN = 1, 2, 4, 8
 class ListedCells:
     """The keys a block's screen leaves to measure in float64: flat ``[P, K, E, G]`` indices, each
     once, row by row, size by size, keys ascending (the keys of one centre together), with the bits
-    of what each is measured for (``KIND_*``)."""
+    of what each is measured for (``KIND_*``) and where each lies (:func:`cell_coordinates`'s four
+    arrays, written by the kernel as it lists them)."""
 
     flat: np.ndarray  # [c] int64
     kinds: np.ndarray  # [c] uint8
+    coordinates: tuple[np.ndarray, ...]  # group, key, row and flat [P, E, G] index: four [c] int64
+
+    @classmethod
+    def of(cls, cells: np.ndarray) -> "ListedCells":
+        """From the kernel's ``[6, c]`` rows: flat index, group, key, row, flat ``[P, E, G]`` index, kinds."""
+        return cls(cells[0], cells[5].astype(np.uint8), (cells[1], cells[2], cells[3], cells[4]))
 
     def lists(self) -> list[np.ndarray]:
         """The four lists of flat indices: ``r_max``'s candidates, ``r_min``'s, the unselected keys
         undecided against ``r_max``, the selected ones against ``r_min`` (in the same order).
 
-        >>> cells = ListedCells(np.array([3, 5, 9]), np.array([KIND_R_MAX | KIND_WITHIN_R_MIN, KIND_R_MIN, KIND_R_MAX]))
+        >>> kinds = np.array([KIND_R_MAX | KIND_WITHIN_R_MIN, KIND_R_MIN, KIND_R_MAX])
+        >>> cells = ListedCells(np.array([3, 5, 9]), kinds, ())
         >>> [c.tolist() for c in cells.lists()]
         [[3, 9], [5], [], [3]]
         """
@@ -226,7 +234,7 @@ def _accumulate(gram, order, factor, t, n, last, acc):  # pragma: no cover - com
 
 def _screen_counts(
     x, gram, order, factor, x_scale, dim, gram_unit, gram_tiny, w, v_norm, rank, ns, q, coef, absolute, s_norm, one,
-    given, counts, cells, kinds,
+    given, counts, cells,
 ):  # pragma: no cover  # fmt: skip
     # x [P, E, G, K] the products (the value route), or, where gram [P, L, L] (L >= K; float64 or
     # float32, read into float64) is not empty, x [0, 0, 0, 0] float64 and the products formed here
@@ -234,8 +242,8 @@ def _screen_counts(
     # gram_tiny the rounding of the Gram's storage; see below). w, v_norm, rank [P, E, K]; ns [E, G];
     # q [E]; absolute, s_norm [P, E, G].
     # counts [2, P, E, G]: the unselected keys surely within r_max, the selected surely within r_min;
-    # cells, kinds [capacity]: flat [P, K, E, G] indices of the keys to measure, each once, and the
-    # bits (ListedCells) of what for. Each row and size is three passes along its keys (contiguous;
+    # cells [6, capacity]: the keys to measure, each once: flat [P, K, E, G] index, group, key, row,
+    # flat [P, E, G] index of the row and size, and the bits (ListedCells) of what for. Each row and size is three passes along its keys (contiguous;
     # keys after the row's last never read), then a look at its few flagged keys.
     from_gram = gram.shape[0] > 0
     n_groups, n_rows, n_keys = rank.shape
@@ -282,8 +290,8 @@ def _screen_counts(
                 counts[0, p, r, g], counts[1, p, r, g], n_flagged = _decisions(
                     lo, hi, rank_r, n, last, m_max, p_max, m_min, p_min, flagged
                 )
-                if n_cells + n_flagged > cells.shape[0]:  # room for this row's cells
-                    cells, kinds = _grow(cells), _grow(kinds)
+                if n_cells + n_flagged > cells.shape[1]:  # room for this row's cells
+                    cells = _grow(cells)
                 word, seen = 0, 0
                 while seen < n_flagged:  # the few flagged keys, up to the last one: their cells
                     if flag_words[word] == 0:  # (flags past ``last`` may be stale: never read)
@@ -302,11 +310,13 @@ def _screen_counts(
                                 KIND_WITHIN_R_MAX if hi[k] > m_max and lo[k] <= p_max else 0
                             )
                         if kind:  # (none only where a bound is NaN)
-                            cells[n_cells] = ((p * n_keys + k) * n_rows + r) * n_sizes + g
-                            kinds[n_cells] = kind
+                            cells[0, n_cells] = ((p * n_keys + k) * n_rows + r) * n_sizes + g
+                            cells[1, n_cells], cells[2, n_cells], cells[3, n_cells] = p, k, r
+                            cells[4, n_cells] = (p * n_rows + r) * n_sizes + g
+                            cells[5, n_cells] = kind
                             n_cells += 1
                     word += 1
-    return n_cells, cells, kinds
+    return n_cells, cells
 
 
 def _prefix_sums(v, order, factor, at, last, centers, z):  # pragma: no cover - compiled
@@ -453,13 +463,13 @@ def screen_counts(
     if _compiled is None:  # pragma: no cover
         raise RuntimeError("the fused kernel needs numba: pip install numba, or use kernel='torch'")
     one = np.ones((), dtype=x.dtype)[()]  # in the screen's dtype: float32 arithmetic stays float32
-    counts, cells, kinds = _outputs(absolute)
+    counts, cells = _outputs(absolute)
     none, no_keys = np.empty((0, 0, 0)), np.empty((0, 0, 0), dtype=np.int64)
-    n_cells, cells, kinds = _compiled(
+    n_cells, cells = _compiled(
         x, none, no_keys, none, np.empty((0, 0)), 0, 0.0, 0.0, w, v_norm, rank, ns, q, float(coef), absolute, s_norm,
-        one, given, counts, cells, kinds,
+        one, given, counts, cells,
     )  # fmt: skip
-    return counts, ListedCells(cells[:n_cells], kinds[:n_cells])
+    return counts, ListedCells.of(cells[:, :n_cells])
 
 
 def gram_screen_counts(
@@ -516,12 +526,12 @@ def gram_screen_counts(
     if gram.dtype not in GRAM_ROUNDING:
         raise ValueError(f"gram_screen_counts needs a float64 or float32 Gram matrix, got {gram.dtype}")
     gram_unit, gram_tiny = GRAM_ROUNDING[gram.dtype]
-    counts, cells, kinds = _outputs(absolute)
-    n_cells, cells, kinds = _compiled(
+    counts, cells = _outputs(absolute)
+    n_cells, cells = _compiled(
         np.empty((0, 0, 0, 0)), gram, order, factor, x_scale, int(dim), gram_unit, gram_tiny, w, v_norm, rank, ns, q,
-        float(coef), absolute, s_norm, np.float64(1.0), False, counts, cells, kinds,
+        float(coef), absolute, s_norm, np.float64(1.0), False, counts, cells,
     )  # fmt: skip
-    return counts, ListedCells(cells[:n_cells], kinds[:n_cells])
+    return counts, ListedCells.of(cells[:, :n_cells])
 
 
 def gram_running_sums(gram: np.ndarray, order: np.ndarray, factor: np.ndarray, n: int, last: int) -> np.ndarray:
@@ -573,11 +583,9 @@ def _check_non_decreasing(sizes: np.ndarray | Tensor, caller: str) -> None:
         raise ValueError(f"{caller} needs each row's sizes in non-decreasing order")
 
 
-def _outputs(absolute: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The kernels' counts ``[2, P, E, G]``, listed cells and their kinds ``[capacity]`` (usually
-    enough; grown if not)."""
-    capacity = 2 * absolute.size + 256
-    return np.zeros((2, *absolute.shape), dtype=np.int64), np.empty(capacity, np.int64), np.empty(capacity, np.uint8)
+def _outputs(absolute: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The kernels' counts ``[2, P, E, G]`` and listed cells ``[6, capacity]`` (usually enough; grown if not)."""
+    return np.zeros((2, *absolute.shape), dtype=np.int64), np.empty((6, 2 * absolute.size + 256), dtype=np.int64)
 
 
 def prefix_sums(v: Tensor, order: Tensor, factor: Tensor, at: Tensor, last: Tensor) -> tuple[Tensor, Tensor]:

@@ -725,10 +725,9 @@ class _Screen:
             inputs = self.fused_inputs
             gram = "gram" in inputs
             counts, listed = fused.gram_screen_counts(**inputs) if gram else fused.screen_counts(**inputs)
-            n_groups, n_rows, n_sizes = inputs["absolute"].shape
-            n_keys = inputs["rank"].shape[-1]
             k_out, k_in = torch.from_numpy(counts)
-            flat, kinds = torch.from_numpy(listed.flat), torch.from_numpy(listed.kinds)
+            kinds = torch.from_numpy(listed.kinds)
+            group, key, row, where = (torch.from_numpy(x) for x in listed.coordinates)  # where each cell lies
         else:
             assert self.bounds is not None
             lower, upper, inside, outside = self.bounds
@@ -754,8 +753,8 @@ class _Screen:
             flat = torch.cat(cells)
             listed_for = (fused.KIND_R_MAX, fused.KIND_R_MIN, fused.KIND_WITHIN_R_MAX, fused.KIND_WITHIN_R_MIN)
             kinds = torch.cat([torch.full_like(c, kind, dtype=torch.uint8) for c, kind in zip(cells, listed_for)])
-        # where each listed cell lies: its group, key, row and flat [P, E, G] index
-        group, key, row, where = fused.cell_coordinates(flat, n_keys, n_rows, n_sizes)
+            # where each listed cell lies: its group, key, row and flat [P, E, G] index
+            group, key, row, where = fused.cell_coordinates(flat, n_keys, n_rows, n_sizes)
         # every listed cell measured at once (one gather per block; the compiled screen lists the
         # keys of one centre together, so each centre is read once)
         dist = self._distances(group, key, row, where)
