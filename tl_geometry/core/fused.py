@@ -143,6 +143,25 @@ def _extremes(lo_bits, hi_bits, rank, n, last, out):  # pragma: no cover - compi
     out[0], out[1], out[2], out[3] = _order_key(m_max), _order_key(p_max), _order_key(m_min), _order_key(p_min)
 
 
+def _extremes_of_numbers(lo_bits, hi_bits, rank, n, last, out):  # pragma: no cover - compiled
+    """:func:`_extremes` of bounds that are never NaN (the Gram route's: finite products from finite
+    values, a band finite or ``+inf``), without its NaN tests: the same extremes, a fifth faster."""
+    low, high = _NEG_INF_KEY, _INF_BITS
+    m_max, p_max, m_min, p_min = low, low, high, high
+    for k in range(last):
+        key_a, key_b = _order_key(lo_bits[k]), _order_key(hi_bits[k])
+        selected = rank[k] < n
+        t = key_a if selected else low
+        m_max = t if t > m_max else m_max
+        t = key_b if selected else low
+        p_max = t if t > p_max else p_max
+        t = high if selected else key_a
+        m_min = t if t < m_min else m_min
+        t = high if selected else key_b
+        p_min = t if t < p_min else p_min
+    out[0], out[1], out[2], out[3] = _order_key(m_max), _order_key(p_max), _order_key(m_min), _order_key(p_min)
+
+
 def _decisions(lo, hi, rank, n, last, m_max, p_max, m_min, p_min, flagged):  # pragma: no cover - compiled
     """The keys of one row and size surely within ``r_max`` (unselected) and ``r_min`` (selected), and
     which keys to measure (``flagged``, and how many): branch-free, vectorised by LLVM."""
@@ -283,9 +302,10 @@ def _screen_counts(
                     s = s + (2 * (dim + 2 * n + 8) * _UNIT + 2 * gram_unit) * lengths / coef
                     band_floor = band_floor + 8.0 * (xs * (dim + n) + 2.0) * _TINY + 4.0 * xs * n * gram_tiny
                     _intervals(acc, sq, w2, cy2, cy, s, band_floor, last, lo, hi)
+                    _extremes_of_numbers(lo_bits, hi_bits, rank_r, n, last, extremes_bits)
                 else:
                     _intervals(x[p, r, g], sq, w2, cy2, cy, s, band_floor, last, lo, hi)
-                _extremes(lo_bits, hi_bits, rank_r, n, last, extremes_bits)
+                    _extremes(lo_bits, hi_bits, rank_r, n, last, extremes_bits)
                 m_max, p_max, m_min, p_min = extremes[0], extremes[1], extremes[2], extremes[3]
                 counts[0, p, r, g], counts[1, p, r, g], n_flagged = _decisions(
                     lo, hi, rank_r, n, last, m_max, p_max, m_min, p_min, flagged
@@ -395,6 +415,7 @@ if AVAILABLE:
     _intervals = numba.njit(cache=True)(_intervals)
     _order_key = numba.njit(cache=True, inline="always")(_order_key)
     _extremes = numba.njit(cache=True)(_extremes)
+    _extremes_of_numbers = numba.njit(cache=True)(_extremes_of_numbers)
     _decisions = numba.njit(cache=True)(_decisions)
     _grow = numba.njit(cache=True, inline="never")(_grow)
     _accumulate = numba.njit(cache=True, fastmath={"contract"})(_accumulate)
@@ -495,6 +516,9 @@ def gram_screen_counts(
     ``[P, E, G, K]`` product is stored. The sums are float64 whatever the Gram's dtype. The band takes
     their rounding too, and a float32 Gram's (docs/engine.md), so the counts and cells decide the same
     keys surely or not as the definitions require.
+
+    Every input must be finite (``absolute`` may be ``+inf``), as the engine's are: the products and
+    bounds are then never NaN, and the pass takes its extremes without testing for NaNs.
 
     Parameters
     ----------
