@@ -300,6 +300,19 @@ def test_analyze_all_queries_equals_one_position_at_a_time(per_row_and_blocks) -
     pd.testing.assert_frame_equal(blocks, rows, rtol=1e-12, atol=1e-15)
 
 
+def test_query_rows_table_owns_its_columns() -> None:
+    """The table takes its columns without copying them: each must be a fresh array, so that the
+    engine's tensors changing afterwards (every size valid: nothing cut) leave the table alone."""
+    from tl_geometry.capture.tables import query_rows_table
+
+    metrics = {"recall": torch.arange(8.0, dtype=torch.float64).reshape(1, 2, 2, 2), "rank_by": "attention"}
+    ns, valid = torch.tensor([[1, 2], [1, 2]]), torch.ones(2, 2, dtype=torch.bool)
+    table = query_rows_table(torch.tensor([7]), 3, [0, 1], ns, valid, torch.tensor([0, 0]), metrics)
+    metrics["recall"].add_(100.0)
+    assert table.recall.tolist() == [float(x) for x in range(8)]
+    assert table.rank_by.tolist() == ["attention"] * 8
+
+
 def test_observer_rows_in_key_order_whichever_engine() -> None:
     """Taken straight from the observer (no sorting by analyze), both engines: the same rows in the
     results' key order, per sequence, head and query position the rankings in turn, then ``N``."""

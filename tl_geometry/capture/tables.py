@@ -122,7 +122,9 @@ def query_rows_table(
     }
     for name, values in metrics.items():
         cols[name] = values.reshape(-1).cpu().numpy()[keep] if isinstance(values, Tensor) else values
-    return pd.DataFrame(cols)
+    # every column is a fresh array (selected by ``keep``): the table takes them as they are, without
+    # copying them into one block per dtype (about half the time of building the table)
+    return pd.DataFrame(cols, copy=False)
 
 
 def empty_frame(columns: list[str], int_columns: Iterable[str] = ()) -> pd.DataFrame:
