@@ -7,9 +7,9 @@ from the block's one product ``x = <v_i, s>`` (definitions §2), with a band of 
 vectorised passes along each row's keys per size (the bounds ``E -+ band``, their extremes as
 integer maxima of their bits, then the counts; contiguous, up to the row's last key; selection as
 selects: no branch), and returns the keys surely within each radius and the keys to measure in
-float64 (flat ``[P, K, E, G]`` indices, row by row: the radii are extremes and the counts sums over
-them, which no order changes). The arithmetic of ``E``
-is that of the torch screen, operation by operation, in the screen's dtype (no fast-math: nothing
+float64 (:class:`ListedCells`: each once, with what it is measured for, the keys of one centre
+together; :func:`measured_radii` takes the radii and counts from their distances, extremes and sums
+that no order changes). The arithmetic of ``E`` is that of the torch screen, operation by operation, in the screen's dtype (no fast-math: nothing
 reassociated or contracted).
 
 :func:`gram_screen_counts` makes the same passes with the products formed in them: running sums of
@@ -262,8 +262,9 @@ def _screen_counts(
     # q [E]; absolute, s_norm [P, E, G].
     # counts [2, P, E, G]: the unselected keys surely within r_max, the selected surely within r_min;
     # cells [6, capacity]: the keys to measure, each once: flat [P, K, E, G] index, group, key, row,
-    # flat [P, E, G] index of the row and size, and the bits (ListedCells) of what for. Each row and size is three passes along its keys (contiguous;
-    # keys after the row's last never read), then a look at its few flagged keys.
+    # flat [P, E, G] index of the row and size, and the bits (ListedCells) of what for. Each row and
+    # size is three passes along its keys (contiguous; keys after the row's last never read), then a
+    # look at its few flagged keys.
     from_gram = gram.shape[0] > 0
     n_groups, n_rows, n_keys = rank.shape
     n_sizes = ns.shape[1]
