@@ -264,12 +264,9 @@ def selection_order(scores: Float[Tensor, "*batch k"]) -> Int[Tensor, "*batch k"
         and scores.dtype in (torch.float32, torch.float64)
     )
     if fast:
-        array = scores.detach().numpy()
-        keyed = stable_order.float32_key_order(array.reshape(-1, array.shape[-1]))  # None for a NaN too
-        if keyed is not None:
-            return torch.from_numpy(keyed.reshape(array.shape))
-        if not np.isnan(array).any():
-            return torch.from_numpy(stable_order.stable_descending(array))
+        order = stable_order.stable_descending(scores.detach().numpy())  # None where a score is NaN
+        if order is not None:
+            return torch.from_numpy(order)
     return torch.argsort(scores, dim=-1, descending=True, stable=True)
 
 

@@ -92,28 +92,32 @@ def float32_key_order(scores: np.ndarray) -> np.ndarray | None:
     return low.astype(np.int64)
 
 
-def stable_descending(scores: np.ndarray) -> np.ndarray:
-    """Each row's keys by score, highest first, ties to the lower key index (int64, same shape).
+def stable_descending(scores: np.ndarray) -> np.ndarray | None:
+    """Each row's keys by score, highest first, ties to the lower key index (int64, same shape), or
+    None where a score is NaN (then :func:`tl_geometry.core.rankings.selection_order` leaves the
+    order to torch's stable sort, which decides where NaNs go).
 
     Parameters
     ----------
-    scores : [..., K] float32 or float64, no NaN, at least one element
-        The scores (:func:`tl_geometry.core.rankings.selection_order` checks them; other scores
-        go to torch's stable sort there).
+    scores : [..., K] float32 or float64, at least one element
 
     Returns
     -------
-    [..., K] int64
+    [..., K] int64, or None
         What ``torch.argsort(scores, dim=-1, descending=True, stable=True)`` gives.
 
     >>> stable_descending(np.array([[0.1, 0.4, 0.4, 0.1], [0.0, -0.0, np.inf, -np.inf]])).tolist()
     [[1, 2, 0, 3], [2, 0, 1, 3]]
+    >>> stable_descending(np.array([[0.5, np.nan]])) is None
+    True
     """
     if _compiled_ties is None:  # pragma: no cover
         raise RuntimeError("stable_descending needs numba: pip install numba, or sort with torch")
     n_keys = scores.shape[-1]
-    order = float32_key_order(scores.reshape(-1, n_keys))
+    order = float32_key_order(scores.reshape(-1, n_keys))  # declines a NaN, like any non-float32 score
     if order is None:
+        if np.isnan(scores).any():
+            return None
         negated = np.negative(scores.reshape(-1, n_keys))  # exact: ascending -scores is descending scores
         order = np.argsort(negated, axis=-1).astype(np.int64, copy=False)
         _compiled_ties(negated, order)
