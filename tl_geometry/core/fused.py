@@ -9,8 +9,8 @@ integer maxima of their bits, then the counts; contiguous, up to the row's last 
 selects: no branch), and returns the keys surely within each radius and the keys to measure in
 float64 (:class:`ListedCells`: each once, with what it is measured for, the keys of one centre
 together; :func:`measured_radii` takes the radii and counts from their distances, extremes and sums
-that no order changes). The arithmetic of ``E`` is that of the torch screen, operation by operation, in the screen's dtype (no fast-math: nothing
-reassociated or contracted).
+that no order changes). The arithmetic of ``E`` is that of the torch screen, operation by
+operation, in the screen's dtype (no fast-math: nothing reassociated or contracted).
 
 :func:`gram_screen_counts` makes the same passes with the products formed in them: running sums of
 the rows of the Gram matrix ``G = V V^T`` (float64 or float32) along each row's selection order,
