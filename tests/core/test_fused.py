@@ -432,8 +432,9 @@ def test_gram_running_sums_refuse_what_they_cannot_read(n, last, order):
 def test_gram_screen_counts_equal_the_loops_over_every_row(n_groups, n_keys, n_rows, dim, seed, gram_dtype, tiny):
     """The Gram route's kernel against the documented decisions one cell at a time: the products
     ``x_scale sum_{t<N} factor_t G[i, order_t]`` summed in ``t`` order (in float64 from the stored
-    entries; one rounding per term where the sums are fused multiply-adds, else two), the band's added term ``4 ((d + 2 N + 8) u + u_G) A(N) ||y_i||`` (as ``s + (2 (d + 2 N
-    + 8) u + 2 u_G) A / coef``; ``u_G = 2^-24`` for a float32 Gram, else 0) and its floors. ``tiny``:
+    entries; one rounding per term where the sums are fused multiply-adds, else two), the band's
+    added term ``4 ((d + 2 N + 8) u + u_G) A(N) ||y_i||`` (as ``s + (2 (d + 2 N + 8) u + 2 u_G) A /
+    coef``; ``u_G = 2^-24`` for a float32 Gram, else 0) and its floors. ``tiny``:
     values of ``2^-70`` whose float32 Gram entries are subnormals (the floor ``4 x_scale N 2^-150``
     decides), and a key ``2^-23`` from another (the term ``u_G`` decides)."""
     rng = np.random.default_rng(seed)
