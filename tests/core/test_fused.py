@@ -323,6 +323,47 @@ def test_cell_coordinates_unravel_the_flat_cells(n_groups, n_keys, n_rows, n_siz
         assert actual.tolist() == expected.tolist(), name
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 3),
+    st.integers(1, 9),
+    st.integers(1, 5),
+    st.integers(1, 17),
+    st.integers(0, 30),
+    st.integers(1, 32),
+    st.integers(0, 2**31 - 1),
+)
+def test_distances_by_chunks_equal_one_norm_of_the_tensor_code(n_groups, n_keys, n_rows, dim, n_cells, chunk, seed):
+    """Cells in any order, repeated or not, values at scales far apart, chunks of one cell up to
+    more than all: every distance is that of the tensor code's one norm of every cell, bit for bit."""
+    gen = torch.Generator().manual_seed(seed)
+    n_sizes = 3
+    v = torch.randn(n_groups, n_keys, dim, generator=gen, dtype=torch.float64)
+    magnitudes = torch.tensor([2.0**-30, 1.0, 2.0**40], dtype=torch.float64)
+    v = v * magnitudes[torch.randint(0, 3, (n_groups, n_keys, 1), generator=gen)]
+    # powers of two down to 2^-1000 (the least the engine passes): some of y subnormal, some huge
+    exponents = torch.tensor([-1000, -995, -40, 0, 30, 1000])[torch.randint(0, 6, (n_groups, n_rows), generator=gen)]
+    scale = torch.ldexp(torch.ones(n_groups, n_rows, dtype=torch.float64), exponents)
+    w = torch.rand(n_groups, n_rows, n_keys, generator=gen, dtype=torch.float64)
+    centers = torch.randn(n_groups, n_rows, n_sizes, dim, generator=gen, dtype=torch.float64)  # at the rows' scales
+    centers = (centers * scale[:, :, None, None] * 2.0 ** -torch.randint(0, 40, (1,), generator=gen)).reshape(-1, dim)
+    group = torch.randint(0, n_groups, (n_cells,), generator=gen)
+    key = torch.randint(0, n_keys, (n_cells,), generator=gen)
+    row = torch.randint(0, n_rows, (n_cells,), generator=gen)
+    where = (group * n_rows + row) * n_sizes + torch.randint(0, n_sizes, (n_cells,), generator=gen)
+    got = fused.distances(v, scale, w, centers, (group, key, row, where), chunk=chunk)
+    y = w[group, row, key][:, None] * (v[group, key] * scale[group, row][:, None])
+    expected = torch.linalg.vector_norm(y - centers[where], dim=-1)
+    assert got.shape == (n_cells,) and torch.equal(got, expected)
+    assert torch.equal(fused.distances(v, scale, w, centers, (group, key, row, where)), expected)
+
+
+def test_distances_refuse_an_empty_chunk():
+    cells = tuple(torch.zeros(1, dtype=torch.int64) for _ in range(4))
+    with pytest.raises(ValueError, match="chunk >= 1"):
+        fused.distances(torch.ones(1, 1, 2), torch.ones(1, 1), torch.ones(1, 1, 1), torch.ones(1, 2), cells, chunk=0)
+
+
 def radii_by_loops(dist, where, kinds, k_out, k_in):
     """The radii and counts of :func:`fused.measured_radii`, one cell at a time."""
     r_max, r_min = np.full(k_out.size, -np.inf), np.full(k_out.size, np.inf)

@@ -669,8 +669,21 @@ def grid_sums(
     return centers[:, 0, back]
 
 
-def differences(v: Tensor, scale: Tensor, w: Tensor, centers: Tensor, cells: tuple[Tensor, ...]) -> Tensor:
-    """The vectors ``y_i - s`` of some cells, in one pass (no gathered ``[c, d]`` intermediates).
+#: The bytes of one chunk of :func:`distances`' differences: they stay in the CPU's caches between
+#: the pass that forms them and the norm that reads them (one ``[cells, d]`` array of every listed
+#: cell, about 125 MB a layer of SmolLM2 at 512 tokens, went to memory and back; smaller chunks
+#: cost more calls than they save, docs/scaling.md).
+DISTANCE_CHUNK_BYTES = 1 << 21
+
+
+def distances(
+    v: Tensor, scale: Tensor, w: Tensor, centers: Tensor, cells: tuple[Tensor, ...], *, chunk: int | None = None
+) -> Tensor:
+    """The direct Euclidean distances ``||y - s||`` of some cells, a chunk of cells at a time.
+
+    Each chunk's vectors ``y - s`` are formed in one compiled pass (no gathered ``[c, d]``
+    intermediates) into one reused buffer, and :func:`torch.linalg.vector_norm` takes their lengths:
+    each row's length is the one a single norm of every row gives, bit for bit.
 
     Parameters
     ----------
@@ -684,26 +697,29 @@ def differences(v: Tensor, scale: Tensor, w: Tensor, centers: Tensor, cells: tup
         The centres ``s(N)``, flat over (group, row, size).
     cells : four [c] int64
         The group, key, row and flat centre index of each cell.
+    chunk : int, optional
+        Cells per chunk; by default as many as fill :data:`DISTANCE_CHUNK_BYTES`.
 
     Returns
     -------
-    [c, d] float64
-        ``w[p, r, k] * (v[p, k] * scale[p, r]) - centers[where]``: the operations of the tensor code,
-        so the same numbers bit for bit.
+    [c] float64
+        ``||w[p, r, k] * (v[p, k] * scale[p, r]) - centers[where]||``: the operations of the tensor
+        code, so the same numbers bit for bit.
     """
     group, key, row, where = (t.contiguous().numpy() for t in cells)
-    out = torch.empty((group.shape[0], v.shape[2]), dtype=torch.float64)
-    _compiled_differences(
-        v.contiguous().numpy(),
-        scale.contiguous().numpy(),
-        w.contiguous().numpy(),
-        centers.contiguous().numpy(),
-        group,
-        key,
-        row,
-        where,
-        out.numpy(),
-    )
+    n_cells, dim = group.shape[0], v.shape[2]
+    chunk = max(1, DISTANCE_CHUNK_BYTES // (8 * max(dim, 1))) if chunk is None else chunk
+    if chunk < 1:
+        raise ValueError(f"distances needs chunk >= 1, got {chunk}")
+    arrays = [t.contiguous().numpy() for t in (v, scale, w, centers)]
+    out = torch.empty(n_cells, dtype=torch.float64)
+    work = torch.empty((min(chunk, n_cells), dim), dtype=torch.float64)
+    for start in range(0, n_cells, chunk):
+        stop = min(start + chunk, n_cells)
+        part = work[: stop - start]
+        cut = slice(start, stop)
+        _compiled_differences(*arrays, group[cut], key[cut], row[cut], where[cut], part.numpy())
+        torch.linalg.vector_norm(part, dim=-1, out=out[cut])
     return out
 
 
@@ -808,6 +824,7 @@ def _within(dist: Tensor, where: Tensor, kinds: Tensor, kind: int, radius: Tenso
 __all__ = [
     "AVAILABLE",
     "DEFAULT_KERNEL",
+    "DISTANCE_CHUNK_BYTES",
     "GRAM_ROUNDING",
     "KERNELS",
     "KIND_R_MAX",
@@ -817,7 +834,7 @@ __all__ = [
     "ListedCells",
     "cell_coordinates",
     "check_kernel",
-    "differences",
+    "distances",
     "gram_running_sums",
     "gram_screen_counts",
     "gram_sums_fused",

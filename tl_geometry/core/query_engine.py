@@ -768,10 +768,8 @@ class _Screen:
         euclidean = self.rows.problem.distance == "euclidean"
         if euclidean and self.rows.problem.kernel == "numba" and bool((self.value_exp.abs() <= 1000).all()):
             scale = pow2(-self.value_exp)  # exact: the product of times_pow2
-            y_minus_s = fused.differences(
-                self.rows.v, scale, self.w_rows, self.centers.reshape(-1, dim), (group, key, row, where)
-            )
-            return torch.linalg.vector_norm(y_minus_s, dim=-1)
+            centers = self.centers.reshape(-1, dim)
+            return fused.distances(self.rows.v, scale, self.w_rows, centers, (group, key, row, where))
         group_row = group * n_rows + row
         v = self.rows.v.reshape(-1, dim).index_select(0, group * n_keys + key)  # flat gathers: fast
         v = times_pow2(v, -self.value_exp.reshape(-1).index_select(0, group_row)[:, None])
