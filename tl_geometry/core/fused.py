@@ -396,10 +396,10 @@ _compiled_differences: Any = None
 _compiled_coordinates: Any = None
 if AVAILABLE:
     _row_terms = numba.njit(cache=True, inline="always")(_row_terms)
-    _intervals = numba.njit(cache=True)(_intervals)
+    _intervals = numba.njit(cache=True, inline="always")(_intervals)
     _order_key = numba.njit(cache=True, inline="always")(_order_key)
     _extremes = numba.njit(cache=True, inline="always")(_extremes)
-    _decisions = numba.njit(cache=True)(_decisions)
+    _decisions = numba.njit(cache=True, inline="always")(_decisions)
     _grow = numba.njit(cache=True, inline="never")(_grow)
     _accumulate = numba.njit(cache=True, fastmath={"contract"})(_accumulate)
     _compiled = numba.njit(cache=True, nogil=True)(_screen_counts)
