@@ -3,12 +3,21 @@
 The allocator is set once per process, so a comparison alternates whole processes (docs/scaling.md,
 "Freed memory"); each loads SmolLM2-135M, warms every kernel up, then prints the analysis seconds of
 every query position of a 512-token window (log grid), of the main job and of every ``N`` (2 x 1024
-tokens, the main job as ``bench_scale.py`` runs it), and the best of two plain forward passes of
-the 2 x 1024 tokens.
+tokens, the main job as ``bench_scale.py`` runs it), each ``--repeat`` times (the first call of a
+job pays for the pages it is the first to touch), and the best of two plain forward passes of the
+2 x 1024 tokens. The line names pyarrow's pool (pandas' text columns): its own (mimalloc) unless
+``ARROW_DEFAULT_MEMORY_POOL`` names another, ``system`` being ``malloc`` (docs/scaling.md,
+"pyarrow's pool").
 
 Run:  for i in 1 2 3; do
         OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_allocator.py --keep-freed-memory
         OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_allocator.py
+      done
+      pyarrow's own pool against malloc, freed memory kept in both:
+      for i in 1 2 3; do
+        OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_allocator.py --keep-freed-memory --repeat 3
+        ARROW_DEFAULT_MEMORY_POOL=system OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_allocator.py \
+            --keep-freed-memory --repeat 3
       done
 """
 
@@ -24,6 +33,7 @@ def main() -> None:
     from roofline import add_allocator_flag, allocator_line, forward_seconds
 
     add_allocator_flag(parser)
+    parser.add_argument("--repeat", type=int, default=1, help="time each job this many times, one after the other")
     args = parser.parse_args()
     import tl_geometry as tlg
 
@@ -39,9 +49,12 @@ def main() -> None:
     }
     for tokens, settings in jobs.values():  # numba's kernels and the imports, untimed
         tlg.analyze(model, tokens[:, :64], progress=False, **settings)
-    seconds = {name: tlg.analyze(model, t, progress=False, **s).timings["analysis_s"] for name, (t, s) in jobs.items()}
+    seconds = {
+        name: [tlg.analyze(model, t, progress=False, **s).timings["analysis_s"] for _ in range(args.repeat)]
+        for name, (t, s) in jobs.items()
+    }
     forward = forward_seconds(model, windows, batch_size=2)  # one batch, the best of two passes
-    times = ", ".join(f"{name} {value:.2f} s" for name, value in seconds.items())
+    times = ", ".join(f"{name} {', '.join(f'{x:.2f}' for x in values)} s" for name, values in seconds.items())
     print(f"{allocator}: analysis {times}; plain forward (2 x 1024) {forward:.2f} s", flush=True)
 
 

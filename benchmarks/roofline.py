@@ -98,12 +98,16 @@ def add_allocator_flag(parser) -> None:
 
 
 def allocator_line(keep: bool) -> str:
-    """Keep freed memory where asked (:func:`tl_geometry.core.allocator.keep_freed_memory`); says which allocator runs."""
+    """Keep freed memory where asked (:func:`tl_geometry.core.allocator.keep_freed_memory`); says which
+    allocator runs, and pyarrow's pool (its own, mimalloc or jemalloc, or ``system``: ``malloc``)."""
+    import pyarrow
+
     from tl_geometry.core.allocator import keep_freed_memory
 
-    if keep and keep_freed_memory():
-        return "allocator: freed memory kept (as the command line runs)"
-    return "allocator: glibc's default" + (" (could not keep freed memory here)" if keep else "")
+    kept = keep and keep_freed_memory()
+    line = "allocator: freed memory kept (as the command line runs)" if kept else "allocator: glibc's default"
+    line += " (could not keep freed memory here)" if keep and not kept else ""
+    return f"{line}; pyarrow's pool: {pyarrow.default_memory_pool().backend_name}"
 
 
 def every_query_macs(seq_len: int, n_rows_per_query: int, d: int) -> int:
