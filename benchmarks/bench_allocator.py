@@ -1,13 +1,13 @@
 """One process's analysis and forward times, with glibc's default allocator or freed memory kept.
 
-The allocator is set once per process, so a comparison alternates whole processes (docs/scaling.md,
+The allocator is set once per process, so a comparison alternates whole processes (docs/performance.md,
 "Freed memory"); each loads SmolLM2-135M, warms every kernel up, then prints the analysis seconds of
 every query position of a 512-token window (log grid), of the main job and of every ``N`` (2 x 1024
 tokens, the main job as ``bench_scale.py`` runs it), each ``--repeat`` times (the first call of a
 job pays for the pages it is the first to touch), and the best of two plain forward passes of the
 2 x 1024 tokens. The line names pyarrow's pool (pandas' text columns): its own (mimalloc) unless
-``ARROW_DEFAULT_MEMORY_POOL`` names another, ``system`` being ``malloc`` (docs/scaling.md,
-"pyarrow's pool").
+``ARROW_DEFAULT_MEMORY_POOL`` names another, ``system`` being ``malloc`` (docs/performance.md,
+"Measured and not taken").
 
 Run:  for i in 1 2 3; do
         OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_allocator.py --keep-freed-memory

@@ -82,7 +82,7 @@ def test_reduce_equals_merging_one_by_one(groups: list[list[float]], off: float)
     one_by_one = Moments.zeros(())
     for s in states:
         one_by_one = one_by_one.merge(s)
-    # the mean is kept to about eps * |mean| (docs/scaling.md): the merge order may move a spread
+    # the mean is kept to about eps * |mean| (docs/architecture.md, "Exact merges"): the merge order may move a spread
     # that is small next to the mean by that much, relative to the spread (three equal values of
     # 683.5... merged in two orders gave a std of 0 and of 1.1e-13 = 1.07 eps * 683.5)
     level = max(abs(off), abs(one_by_one.mean.nan_to_num(0).item()))

@@ -125,6 +125,6 @@ def _wait_policy(argv0: str) -> str:
 
 def test_openmps_wait_policy_is_left_to_openmp_and_the_user():
     """Neither the command line nor a library import sets it: with the threads taken from the free
-    CPUs, OpenMP's own policy (spin briefly, then sleep) is the faster one (docs/scaling.md)."""
+    CPUs, OpenMP's own policy (spin briefly, then sleep) is the faster one (docs/performance.md)."""
     assert _wait_policy("/usr/bin/tl-geometry").strip() == "None"
     assert _wait_policy("notebook").strip() == "None"

@@ -1,5 +1,5 @@
 """A run's means, summaries, figures and report from rows kept on disk: equal to the rows in memory,
-and the rows are never read whole (definitions §2, §4, §5; docs/scaling.md "Flat memory").
+and the rows are never read whole (definitions §2, §4, §5; docs/architecture.md "Memory").
 
 References are the obvious pandas computations over ``separability`` in memory.
 """

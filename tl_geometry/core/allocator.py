@@ -5,7 +5,7 @@ freed) with a fresh ``mmap`` and unmaps it on ``free``, and gives the top of its
 another threshold. A forward pass allocates and frees hundreds of MiB per layer in such blocks,
 so every 4 KiB page of them is faulted in and zeroed by the kernel again, on every layer of every
 window: SmolLM2's forward pass of 2 x 1024 tokens took 10.0 s, against 7.0 s with freed blocks
-kept (docs/scaling.md, "Freed memory"). :func:`keep_freed_memory` sets both thresholds to
+kept (docs/performance.md, "Freed memory"). :func:`keep_freed_memory` sets both thresholds to
 :data:`KEEP_BYTES`::
 
     mallopt(M_MMAP_THRESHOLD, KEEP_BYTES); mallopt(M_TRIM_THRESHOLD, KEEP_BYTES)

@@ -672,7 +672,7 @@ def grid_sums(
 #: The bytes of one chunk of :func:`distances`' differences: they stay in the CPU's caches between
 #: the pass that forms them and the norm that reads them (one ``[cells, d]`` array of every listed
 #: cell, about 125 MB a layer of SmolLM2 at 512 tokens, went to memory and back; smaller chunks
-#: cost more calls than they save, docs/scaling.md).
+#: cost more calls than they save).
 DISTANCE_CHUNK_BYTES = 1 << 21
 
 

@@ -12,7 +12,7 @@ Every term of ``M2`` is non-negative, so one process, any batching, any resume a
 ranks agree to rounding: a standard deviation to about ``eps |mean| / std`` relative (``1e-12``
 for a spread down to ``1e-4`` of the mean; equal values give exactly 0), where sums of squares
 (``E[x^2] - E[x]^2``) lose ``eps (mean / std)^2``, all of it below a spread of ``1e-8`` of the
-mean. Derivation: docs/scaling.md ("Exact merges").
+mean. Derivation: docs/architecture.md ("Exact merges").
 
 Examples
 --------

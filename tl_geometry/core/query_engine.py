@@ -61,7 +61,7 @@ from tl_geometry.errors import InputError
 
 #: Cells (rows x keys x (sizes + d_head)) of one block: 4 M (32 MiB per float64 tensor of the
 #: block). Measured on one SmolLM2-135M layer (512 tokens, every query, 9 heads, log grid, float64,
-#: one thread): 1 M 2.25 s, 2 M 1.60 s, 4 M 1.02 s, 8 M 1.07 s, 16 M 1.19 s; see docs/scaling.md.
+#: one thread): 1 M 2.25 s, 2 M 1.60 s, 4 M 1.02 s, 8 M 1.07 s, 16 M 1.19 s.
 DEFAULT_BLOCK_CELLS = 1 << 22
 
 #: How the products ``<v_i, s(N)>`` are formed (``products=``): ``"values"``, one matrix product of
@@ -73,7 +73,7 @@ PRODUCTS = ("auto", "values", "gram")
 #: ``"auto"`` takes the Gram route for a block of ``K`` keys, ``G`` sizes and ``d`` dimensions where
 #: ``GRAM_COST * K <= G * d``: the running sums make ``K`` multiply-adds per key and row, the value
 #: product ``G d``, and a running sum costs about this many times one multiply-add of the product
-#: (measured on SmolLM2-135M layers of 512 and 1024 tokens; docs/scaling.md).
+#: (measured on SmolLM2-135M layers of 512 and 1024 tokens, benchmarks/bench_query_layer.py).
 GRAM_COST = 2
 
 #: The Gram matrices of one call (``P K^2`` entries) take at most this many bytes: the blocks whose

@@ -2,8 +2,8 @@
 
 torch's default is one intra-op thread per core. On a shared machine every operation is then split
 across cores that other processes are using, and each waits at a barrier for a thread that is not
-running: on 2 cores at a load of 4 the analysis ran 23 x slower than on one thread (docs/scaling.md,
-"On a busy machine"). :func:`analysis_threads` sets torch's intra-op threads, for the duration of
+running: on 2 cores at a load of 4 the analysis ran 23 x slower than on one thread
+(docs/performance.md, "Threads on a busy machine"). :func:`analysis_threads` sets torch's intra-op threads, for the duration of
 a ``with`` block, to the CPUs free right now::
 
     free = floor(len(os.sched_getaffinity(0)) - busy + 0.25)   # at least 1
@@ -107,7 +107,7 @@ def free_threads(cpus: list[int] | None = None, busy: float | None = None) -> in
 
     A CPU counts only if other work takes at most :data:`FREE_SLACK` of it: a thread on a CPU
     shared with another process makes every parallel operation wait for it at OpenMP's barrier
-    (with half a CPU taken, two threads ran the analysis 1.3-1.45 x slower than one; docs/scaling.md).
+    (with half a CPU taken, two threads ran the analysis 1.3-1.45 x slower than one; docs/performance.md).
 
     >>> free_threads(cpus=[0, 1], busy=0.2), free_threads(cpus=[0, 1], busy=0.5), free_threads(cpus=[0, 1], busy=4.0)
     (2, 1, 1)

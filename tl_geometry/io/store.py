@@ -4,7 +4,7 @@ A part and the states are written aside and renamed before ``progress.json`` rec
 interruption at any moment leaves a store that resumes without loss or duplicates. Resuming with
 another identity (:func:`run_identity`: model, token windows, result-changing settings) or from a
 damaged store is refused with one line naming what differs or which file. Layout and rules:
-docs/scaling.md ("The resumable store").
+docs/architecture.md ("The resumable store").
 """
 
 from __future__ import annotations

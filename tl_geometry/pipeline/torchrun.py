@@ -6,7 +6,7 @@ leave the process group together, and rank 0 alone merges the stores from disk: 
 of windows at a time (:func:`~tl_geometry.io.rows_on_disk.merge_parts`), the accumulators from their
 saved states. No rank holds the whole table, and no rank is still talking when another one exits.
 The rows equal a single-process run's; the tables of merged moments agree to rounding. Details
-(process groups, store layout, resume after a lost rank): docs/scaling.md.
+(process groups, store layout, resume after a lost rank): docs/architecture.md ("Under torchrun").
 
 Examples
 --------

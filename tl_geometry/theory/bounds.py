@@ -40,7 +40,7 @@ if AVAILABLE:  # whether numba imports is decided once, in fused.py; without it:
 DEFAULT_BLOCK_BYTES = 64 << 20
 
 #: Sizes with at most this many inside keys bracket their targets by one scan of the outside values
-#: (``N (K - N)`` comparisons, compiled path) instead of sorting them; measured: docs/scaling.md.
+#: (``N (K - N)`` comparisons, compiled path) instead of sorting them (the fastest cut-off on SmolLM2's rows of 1024 keys).
 SCAN_MAX_INSIDE = 16
 
 #: Where ``phi(x) / (x + 1/x)`` peaks on ``x > 0``: the root of ``1 - 2 x^2 - x^4``.
