@@ -58,7 +58,7 @@ def broken_links(page: Path) -> list[str]:
 def test_anchors_are_githubs() -> None:
     assert anchor("Every `N`") == "every-n"
     assert anchor("Scaling out: torchrun, the store, memory") == "scaling-out-torchrun-the-store-memory"
-    assert anchor("The README's table until 2026-11-28") == "the-readmes-table-until-2026-11-28"
+    assert anchor("The report's head grid (`plot/`)") == "the-reports-head-grid-plot"
 
 
 def test_a_missing_file_or_heading_is_found(tmp_path: Path) -> None:
