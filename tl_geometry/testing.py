@@ -55,6 +55,42 @@ def tiny_llama_bridge(n_heads: int = 4, n_kv_heads: int = 2, n_layers: int = 2, 
     return TransformerBridge.boot_transformers("tiny-llama", hf_model=hf, tokenizer=tok)
 
 
+def tiny_gemma3(n_layers: int = 3, sliding_window: int = 4, n_heads: int = 4, seed: int = 0):
+    """A random Hugging Face Gemma 3 (``Gemma3ForCausalLM``, eager attention): one key/value head,
+    and a sliding window of ``sliding_window`` keys on every layer but each third (global)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    layer_types = ["full_attention" if (i + 1) % 3 == 0 else "sliding_attention" for i in range(n_layers)]
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=len(byte_tokenizer()),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=n_layers,
+        num_attention_heads=n_heads,
+        num_key_value_heads=1,
+        head_dim=8,
+        query_pre_attn_scalar=8,
+        sliding_window=sliding_window,
+        layer_types=layer_types,
+        max_position_embeddings=128,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+        attn_implementation="eager",  # type: ignore[call-arg]  # a PretrainedConfig keyword the stubs omit
+    )
+    cfg.architectures = ["Gemma3ForCausalLM"]
+    return transformers.Gemma3ForCausalLM(cfg).eval()
+
+
+def tiny_gemma3_bridge(n_layers: int = 3, sliding_window: int = 4, n_heads: int = 4, seed: int = 0):
+    """:func:`tiny_gemma3` in a TransformerBridge."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    hf = tiny_gemma3(n_layers, sliding_window, n_heads, seed)
+    return TransformerBridge.boot_transformers("tiny-gemma3", hf_model=hf, tokenizer=byte_tokenizer())
+
+
 def tiny_gpt2_bridge(seed: int = 0):
     """A random GPT-2 (joint QKV projection, value biases) in a TransformerBridge."""
     import transformers
@@ -93,4 +129,11 @@ def tiny_hooked_transformer(n_kv_heads: int | None = 2, seed: int = 0):
     return model.eval()
 
 
-__all__ = ["byte_tokenizer", "tiny_gpt2_bridge", "tiny_hooked_transformer", "tiny_llama_bridge"]
+__all__ = [
+    "byte_tokenizer",
+    "tiny_gemma3",
+    "tiny_gemma3_bridge",
+    "tiny_gpt2_bridge",
+    "tiny_hooked_transformer",
+    "tiny_llama_bridge",
+]

@@ -127,6 +127,10 @@ def run_identity(model: Any, info: ModelInfo, tokens: Tensor, settings: Mapping[
     (``settings``: :meth:`~tl_geometry.pipeline.settings.AnalysisSettings.identity`).
     """
     geometry = {k: v for k, v in asdict(info).items() if k != "name"}
+    if not geometry["sliding_windows"]:
+        del geometry["sliding_windows"]  # as before windows were read: runs of global models resume
+    else:
+        geometry["sliding_windows"] = list(geometry["sliding_windows"])
     return {
         "model": info.name,
         "model geometry": geometry,
