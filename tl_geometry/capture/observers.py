@@ -22,6 +22,7 @@ Two kinds exist. *Accumulators* (:class:`~tl_geometry.diagnostics.DiagnosticsObs
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -87,15 +88,16 @@ class RowMetricsObserver:
 
     A subclass sets :attr:`columns` and implements :meth:`metrics` (and :meth:`settings` when it
     has settings beyond ``ns``); this class maps query heads to their key/value heads (definitions §1),
-    slices each row to its causal keys ``0..q``, and keeps the results as tidy tables until
-    :meth:`take`.
+    slices each row to the keys its query sees (``0..q``; on a sliding-window layer of ``W`` keys,
+    ``q - W + 1..q``: :meth:`~tl_geometry.models.ModelInfo.first_visible_key`), and keeps the
+    results as tidy tables until :meth:`take`.
 
     Parameters
     ----------
     info : ModelInfo
         The model's geometry.
     ns : None, "all", "log" or list of int
-        Selection sizes, resolved per query row (``K = q + 1`` keys).
+        Selection sizes, resolved per query row (``K`` = its visible keys, ``q + 1`` on a global layer).
     """
 
     columns: list[str] = []
@@ -121,7 +123,8 @@ class RowMetricsObserver:
         values = values_per_head(batch.values, self.kv_head_of)  # [b, h, L, d]
         tables = []
         for qi, q in enumerate(batch.query_positions):
-            ns, metrics = self.metrics(batch.weights[:, :, qi, : q + 1], values[:, :, : q + 1])
+            first = self.info.first_visible_key(batch.layer, q)
+            ns, metrics = self.metrics(batch.weights[:, :, qi, first : q + 1], values[:, :, first : q + 1])
             tables.append(head_rows_table(batch, q, ns, self.kv_head_of, metrics))
         self.chunks.append(_in_key_order(tables))
 
@@ -175,7 +178,7 @@ class SeparabilityObserver(RowMetricsObserver):
     info : ModelInfo
         The model's geometry.
     ns : None, "all", "log" or list of int
-        Selection sizes, resolved per query row (``K = q + 1`` keys).
+        Selection sizes, resolved per query row (``K`` = its visible keys, ``q + 1`` on a global layer).
     dtype : torch.dtype, default torch.float64
         Precision of the computation.
     rank_by : str or sequence of str, default ("attention",)
@@ -244,17 +247,33 @@ class SeparabilityObserver(RowMetricsObserver):
         :func:`tl_geometry.core.query_engine.separability_queries`; the rows are the same, in the same
         order: the key order of the results (per sequence, head and query position: per ranking and
         ``N``), so that the final sort of millions of rows finds them in order.
+
+        On a sliding-window layer, the queries whose window cuts keys off (``q >= W``) go one at a
+        time, each row cut to the ``W`` keys it sees; the block engine takes the others.
         """
-        if len(batch.query_positions) >= MIN_QUERIES_FOR_BLOCKS:
-            self._observe_queries(batch)
-            return
+        firsts = [self.info.first_visible_key(batch.layer, q) for q in batch.query_positions]
+        cut = [qi for qi, first in enumerate(firsts) if first > 0]
+        whole = [qi for qi, first in enumerate(firsts) if first == 0]
+        tables = []
+        if len(whole) >= MIN_QUERIES_FOR_BLOCKS:
+            tables.extend(self._query_tables(batch, whole))
+        else:
+            cut = sorted(cut + whole)
+        tables.extend(self._row_tables(batch, cut))
+        self.chunks.append(_in_key_order(tables))
+
+    def _row_tables(self, batch: LayerBatch, indices: list[int]) -> list[pd.DataFrame]:
+        """The tables of the query rows ``indices`` of ``batch``, one row at a time
+        (:func:`~tl_geometry.core.separability.separability_rankings`)."""
         values = values_per_head(batch.values, self.kv_head_of)  # [b, h, L, d]
         heads = torch.arange(values.shape[1], device=batch.seq_ids.device)
         tables = []
-        for qi, q in enumerate(batch.query_positions):
-            weights, row_values = batch.weights[:, :, qi, : q + 1], values[:, :, : q + 1]
+        for qi in indices:
+            q = batch.query_positions[qi]
+            first = self.info.first_visible_key(batch.layer, q)
+            weights, row_values = batch.weights[:, :, qi, first : q + 1], values[:, :, first : q + 1]
             keys = row_keys(seq=batch.seq_ids[:, None], layer=batch.layer, head=heads[None, :], query_pos=q)
-            results = separability_rankings(  # the rows are cut to the causal keys 0..q already
+            results = separability_rankings(  # the rows are cut to the keys their query sees already
                 weights,
                 row_values,
                 self.ns,
@@ -268,10 +287,18 @@ class SeparabilityObserver(RowMetricsObserver):
             )
             for res in results.values():
                 tables.append(head_rows_table(batch, q, res.ns, self.kv_head_of, self._columns(res)))
-        self.chunks.append(_in_key_order(tables))
+        return tables
 
-    def _observe_queries(self, batch: LayerBatch) -> None:
-        """Every query position of ``batch`` at once (:func:`~tl_geometry.core.query_engine.separability_queries`)."""
+    def _query_tables(self, batch: LayerBatch, indices: list[int]) -> list[pd.DataFrame]:
+        """The tables of the query rows ``indices`` of ``batch``, whose queries see every earlier key,
+        all at once (:func:`~tl_geometry.core.query_engine.separability_queries`)."""
+        if len(indices) < len(batch.query_positions):
+            chosen = torch.tensor(indices, dtype=torch.int64, device=batch.weights.device)
+            batch = replace(
+                batch,
+                query_positions=tuple(batch.query_positions[qi] for qi in indices),
+                weights=batch.weights.index_select(2, chosen),
+            )
         heads = torch.arange(batch.weights.shape[1])
         positions = torch.tensor(batch.query_positions, dtype=torch.int64)
         keys = row_keys(
@@ -300,7 +327,7 @@ class SeparabilityObserver(RowMetricsObserver):
             tables.append(
                 query_rows_table(batch.seq_ids, batch.layer, queries, res.ns, res.valid, self.kv_head_of, columns)
             )
-        self.chunks.append(_in_key_order(tables))
+        return tables
 
     def _columns(self, res: Any) -> dict[str, Any]:
         """The columns after the keys of a table of ``res``: the ranking, the metrics and local

@@ -54,7 +54,9 @@ class DiagnosticsTables:
         share_negative, rho_0`` (:func:`tl_geometry.similarity_decay`).
     attention_profile : one row per ``(layer, head)``: ``kv_head, query_pos, n_seqs, n_keys,
         p_sink, p_base, eta_osc, omega, eta_exp, T1, T2, fit_error, fit_ok, n_floored``
-        (:func:`tl_geometry.fit_attention_profile` on the mean row of query ``query_pos``).
+        (:func:`tl_geometry.fit_attention_profile` on the mean row of query ``query_pos``, over
+        the keys it sees: on a sliding-window layer of ``W`` keys, the last ``min(W, q + 1)``, so
+        that ``p_sink`` is then the weight of the first key of the window).
     value_norm_curve : one row per ``(layer, kv_head, position)``: ``mean_norm, std_norm,
         n_seqs`` (Fig. 2).
     similarity_curve : one row per ``(layer, kv_head, k)``: ``c, c_std, share_negative,
@@ -162,7 +164,8 @@ class DiagnosticsObserver:
             raise InputError(f"layer {batch.layer}: sequences {sorted(seen)[:8] or ids} were already observed")
         state.norms.update(batch.values)
         state.similarity.update(batch.values)
-        state.profile.update(batch.weights[:, :, qi, : q + 1])
+        first = self.info.first_visible_key(batch.layer, q)  # a sliding window hides the keys before it
+        state.profile.update(batch.weights[:, :, qi, first : q + 1])
         state.seqs.update(ids)
 
     def merge(self, other: "DiagnosticsObserver") -> "DiagnosticsObserver":
@@ -222,12 +225,14 @@ class DiagnosticsObserver:
         if not layers:
             return _concat([], summary_cols), _concat([], curve_cols)
         summaries, curves = [], []
-        # one vectorised fit for every layer sharing a query position (normally all of them)
-        by_query: dict[int, list[int]] = {}
+        # one vectorised fit for every layer sharing a query position and first visible key (normally
+        # all of them; a sliding-window layer's rows hold only the keys its window shows)
+        by_query: dict[tuple[int, int], list[int]] = {}
         for layer in layers:
-            by_query.setdefault(self.layers[layer].query_pos, []).append(layer)
+            q = self.layers[layer].query_pos
+            by_query.setdefault((q, self.info.first_visible_key(layer, q)), []).append(layer)
         h = self.info.n_heads
-        for q, group in by_query.items():
+        for (q, first), group in by_query.items():
             means = torch.cat([self.layers[layer].profile.mean() for layer in group])  # [layers*h, K]
             fit = fit_profiles(means, floor=self.floor, n_omega=self.n_omega, max_log_error=self.max_log_error)
             summary, curve = profile_tables(fit, means, 0)
@@ -237,6 +242,7 @@ class DiagnosticsObserver:
                 table.insert(1, "head", row % h)
                 table.insert(2, "kv_head", self.kv_head_of.numpy()[row % h])
                 table.insert(3, "query_pos", q)
+            curve["position"] += first  # the key index, past the keys a window hides
             summary["n_seqs"] = [self.layers[layer].profile.n_seqs for layer in summary["layer"]]
             summaries.append(summary)
             curves.append(curve)

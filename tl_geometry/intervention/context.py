@@ -201,6 +201,9 @@ class TopNAttention:
             )
             scores = ranking_scores(pattern, None, "random", row_keys=keys, seed=self.seed)
         future = torch.ones(n_queries, n_keys, dtype=torch.bool, device=pattern.device).triu(1)
+        window = self.info.sliding_window(layer)
+        if window is not None:  # and the keys before the window
+            future |= torch.ones(n_queries, n_keys, dtype=torch.bool, device=pattern.device).tril(-window)
         return scores.masked_fill(future, -torch.inf)
 
     def mixed_scores(self, layer: int, pattern: Tensor, heads: Tensor) -> Tensor:
@@ -235,11 +238,13 @@ class TopNAttention:
                 )
             try:
                 chosen = pattern if all_heads else pattern.index_select(1, heads.to(pattern.device))
+                window = self.info.sliding_window(layer)
                 if uniform:
-                    kept = restrict_pattern(chosen, self.scores(layer, chosen, heads), int(sizes[0]), self.renormalize)
+                    scores = self.scores(layer, chosen, heads)
+                    kept = restrict_pattern(chosen, scores, int(sizes[0]), self.renormalize, window=window)
                 else:
                     scores = self.mixed_scores(layer, chosen, heads)
-                    kept = restrict_pattern_per_head(chosen, scores, sizes, self.renormalize)
+                    kept = restrict_pattern_per_head(chosen, scores, sizes, self.renormalize, window=window)
             finally:
                 self._values.pop(layer, None)
             if all_heads:

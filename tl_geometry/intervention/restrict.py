@@ -1,7 +1,9 @@
 """Restricting attention rows to their top-``N`` keys (definitions §8), as pure tensor functions.
 
 Every query row with more than ``N`` visible keys keeps only ``I_N`` (the ``N`` highest scores
-under a ranking, ties to the lower key index); a shorter row is returned unchanged::
+under a ranking, ties to the lower key index); a shorter row is returned unchanged. Query ``q``
+sees ``q + 1`` keys, or ``min(q + 1, W)`` on a layer with a sliding window of ``W`` keys (the
+scores of the keys it does not see must then be ``-inf``, or ``0`` for ``"attention"``)::
 
     deletion (renormalize=False):       alpha'_i = alpha_i               on I_N, 0 elsewhere
     renormalisation (renormalize=True): alpha'_i = alpha_i / sum_{I_N} alpha_j
@@ -35,6 +37,7 @@ def restrict_pattern(
     scores: Float[Tensor, "*batch q k"],
     n: int,
     renormalize: bool = False,
+    window: int | None = None,
 ) -> Float[Tensor, "*batch q k"]:
     """The pattern with every row of more than ``n`` visible keys restricted to its top-``n`` keys.
 
@@ -46,13 +49,15 @@ def restrict_pattern(
         chosen for a changed row when they score ``-inf`` or, for ``"attention"``, ``0``).
     n : the number of keys kept, ``>= 1``.
     renormalize : divide the kept weights by their sum (a row whose kept weights sum to 0 stays 0).
+    window : the sliding window of the layer (a query sees at most ``window`` keys), None for a
+        global layer; with ``window <= n`` every row sees at most ``n`` keys and is unchanged.
 
     Returns
     -------
     A new tensor of the pattern's dtype; rows ``q < n`` are the input rows.
     """
     n_queries = pattern.shape[-2]
-    if n >= n_queries:
+    if n >= n_queries or (window is not None and window <= n):
         return pattern
     zero = torch.zeros((), dtype=pattern.dtype, device=pattern.device)
     if n < scores.shape[-1]:
@@ -82,6 +87,7 @@ def restrict_pattern_per_head(
     scores: Float[Tensor, "*batch head q k"],
     n: Int[Tensor, " head"],
     renormalize: bool = False,
+    window: int | None = None,
 ) -> Float[Tensor, "*batch head q k"]:
     """:func:`restrict_pattern` with its own ``n`` per head, all heads at once (``n[h] <= 0``: head ``h`` full).
 
@@ -95,6 +101,7 @@ def restrict_pattern_per_head(
     scores : [*batch, head, q, k] the ranking's scores (future keys ``-inf``, or ``0`` for attention).
     n : int [head] keys kept by each head's queries; ``0`` or less keeps the head full.
     renormalize : divide the kept weights of every changed row by their sum.
+    window : as for :func:`restrict_pattern` (a head with ``window <= n[h]`` is unchanged).
 
     Examples
     --------
@@ -105,7 +112,10 @@ def restrict_pattern_per_head(
     """
     n_queries, n_keys = pattern.shape[-2:]
     n = n.to(device=pattern.device, dtype=torch.int64)
-    rows = (n[:, None] > 0) & (torch.arange(n_queries, device=pattern.device)[None, :] >= n[:, None])  # [head, q]
+    visible = torch.arange(1, n_queries + 1, device=pattern.device)  # keys query q sees: q + 1 ...
+    if window is not None:
+        visible = visible.clamp(max=window)  # ... or at most the window's
+    rows = (n[:, None] > 0) & (visible[None, :] > n[:, None])  # [head, q]: rows with more than n keys
     if not bool(rows.any()):
         return pattern
     size = torch.where(n > 0, n, torch.ones_like(n)).clamp(max=n_keys - 1)  # in range for every head

@@ -87,7 +87,7 @@ def analyze_cache(
     present = [layer for layer in wanted if layer < info.n_layers]  # resolve refuses the others by name
     cached.check_layers(present)
     n_seqs, seq_len = cached.shape(present[0]) if present else (0, 1)
-    layers, queries = settings.resolve(info.n_layers, seq_len)
+    layers, queries = settings.resolve(info.n_layers, seq_len, info.sliding_windows)
     for layer in layers[1:]:
         if cached.shape(layer) != (n_seqs, seq_len):
             raise InputError(f"layers 0 and {layer} of the cache hold different sequences: cache one run_with_cache")

@@ -134,7 +134,7 @@ def plan_analysis(model: Any, corpus: Any, settings: AnalysisSettings) -> Analys
             f"seq_len={corpus.seq_len} is longer than the model's context of {info.n_ctx} tokens; "
             f"use seq_len <= {info.n_ctx}"
         )
-    layers, queries = settings.resolve(info.n_layers, corpus.seq_len)
+    layers, queries = settings.resolve(info.n_layers, corpus.seq_len, info.sliding_windows)
     check_batch_memory(model, info, settings, corpus.seq_len, len(queries), corpus.n_seqs)
     tokens = corpus_tokens(model, corpus, info)
     return AnalysisPlan(model, info, settings, corpus.name, tokens, layers, queries)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import inspect
 import textwrap
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, Mapping, get_type_hints
+from typing import Any, Callable, Mapping, Sequence, get_type_hints
 
 from tl_geometry.core.ranking_checks import (
     DEFAULT_N_RANDOM,
@@ -414,11 +414,14 @@ class AnalysisSettings:
         return describe_differences(self.identity(), theirs)
 
     # ------------------------------------------------------------------ against a model and corpus
-    def resolve(self, n_layers: int, seq_len: int) -> tuple[list[int], tuple[int, ...]]:
+    def resolve(
+        self, n_layers: int, seq_len: int, sliding_windows: Sequence[int | None] = ()
+    ) -> tuple[list[int], tuple[int, ...]]:
         """The layers and query positions for a model of ``n_layers`` layers and windows of ``seq_len``.
 
         Checks that the layers exist, the positions lie inside the window and every ``N`` fits the
-        rows of every position (``N <= q + 1``); raises :class:`InputError` otherwise.
+        rows of every position (``N <= q + 1``, and ``N <= W`` on a layer with a sliding window of
+        ``W`` keys: ``ModelInfo.sliding_windows``); raises :class:`InputError` otherwise.
         """
         from tl_geometry.core.layouts import resolve_query_positions
         from tl_geometry.core.sizes import resolve_ns
@@ -430,6 +433,16 @@ class AnalysisSettings:
         queries = resolve_query_positions(self.query_positions, seq_len)
         for q in queries:
             resolve_ns(self.ns, q + 1)
+        windows = {sliding_windows[layer] for layer in layers if sliding_windows and sliding_windows[layer]}
+        if windows and queries:
+            window = min(w for w in windows if w is not None)
+            try:
+                resolve_ns(self.ns, min(max(queries) + 1, window))
+            except InputError as exc:
+                raise InputError(
+                    f"{exc}: a query of a sliding-window layer sees at most {window} keys "
+                    f"(layers {[layer for layer in layers if sliding_windows[layer] == window]})"
+                ) from None
         return layers, queries
 
 
