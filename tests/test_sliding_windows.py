@@ -134,3 +134,20 @@ def test_random_ranking_draws_only_visible_keys(gemma, tokens) -> None:
     with tlg.top_n_attention(gemma, n=2, rank_by="random", layers=[0]):
         gemma.run_with_hooks(tokens, fwd_hooks=[(hook_pattern_name(0), record)])
     assert kept_counts and bool((kept_counts[0] == 2).all())
+
+
+def test_budgets_count_a_full_head_as_the_keys_its_window_shows(gemma, tokens) -> None:
+    """``K_full`` of a layer with a window of 4 keys in windows of 12 tokens is
+    ``(1 + 2 + 3 + 4 + 8 * 4) / 12 = 3.5``, not ``(12 + 1) / 2 = 6.5``."""
+    from tl_geometry.competition.budgets import full_keys, head_budgets, head_full_keys
+
+    assert full_keys(SEQ_LEN, WINDOW) == 3.5 and full_keys(SEQ_LEN) == 6.5
+    k_full = head_full_keys(tlg.describe_model(gemma).sliding_windows, 3, 4, SEQ_LEN)
+    assert k_full.tolist() == [3.5] * 8 + [6.5] * 4
+    with pytest.raises(tlg.InputError, match=r"outside \[1, 4\.5\]"):  # the mean K_full over heads
+        head_budgets(gemma, tokens, mean_budget=5, rule="uniform", progress=False)
+    budgets = head_budgets(gemma, tokens, mean_budget=4, rule="uniform", progress=False)
+    windowed = budgets.n[:2]
+    assert bool(((windowed == 0) | ((windowed >= 1) & (windowed <= 3))).all())  # below K_full, or full
+    assert budgets.costs()[:2][windowed == 0].eq(3.5).all()
+    assert abs(budgets.realised_mean() - 4) <= 1 / (2 * 12) + 1e-9

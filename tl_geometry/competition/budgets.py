@@ -3,7 +3,8 @@
 A budget gives every (layer, head) ``n_{l,h} >= 1`` keys per query (or "full") and a ranking; its
 *mean budget* is ``(1 / H) sum_{l,h} cost_{l,h}`` with ``cost = n`` for a restricted head and
 ``cost = K_full = (L + 1) / 2`` (the mean number of causal keys of an ``L``-token window) for a full
-one. Rules (docs/competition.md#per-head-budgets):
+one; on a layer with a sliding window of ``W`` keys, ``K_full`` is the mean of ``min(q + 1, W)``, the
+keys its queries see. Rules (docs/competition.md#per-head-budgets):
 
 * ``uniform``: ``n = B`` for every head (attention ranking);
 * ``streaming``: StreamingLLM, sink + the most recent keys, ``n = B`` for every head;
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -60,9 +61,24 @@ DEFAULT_GRID = (4, 16, 64)
 BUDGET_COLUMNS = ["layer", "head", "n", "full", "rank_by", "cost"]
 
 
-def full_keys(seq_len: int) -> float:
-    """``K_full = (L + 1) / 2``: the mean number of causal keys over the queries of an ``L``-token window."""
-    return (seq_len + 1) / 2
+def full_keys(seq_len: int, window: int | None = None) -> float:
+    """``K_full``: the mean number of keys the queries of an ``L``-token window see.
+
+    ``(L + 1) / 2`` on a global layer; ``mean_q min(q + 1, W)`` on a layer with a sliding window of ``W`` keys.
+
+    >>> full_keys(8), full_keys(8, window=3), full_keys(8, window=100)
+    (4.5, 2.625, 4.5)
+    """
+    if window is None or window >= seq_len:
+        return (seq_len + 1) / 2
+    return (window * (window + 1) / 2 + (seq_len - window) * window) / seq_len
+
+
+def head_full_keys(sliding_windows: Sequence[int | None], n_layers: int, n_heads: int, seq_len: int) -> np.ndarray:
+    """``K_full`` of every head, layer by layer (``[n_layers * n_heads]``; ``sliding_windows`` as
+    :attr:`~tl_geometry.models.ModelInfo.sliding_windows`, empty when every layer is global)."""
+    windows = list(sliding_windows) or [None] * n_layers
+    return np.repeat([full_keys(seq_len, w) for w in windows], n_heads).astype(np.float64)
 
 
 @dataclass(frozen=True)
@@ -78,6 +94,8 @@ class HeadBudgets:
     seq_len : ``L`` of the windows the budgets were chosen on (and must be evaluated on).
     want : float64 ``[n_layers, n_heads]``, each head's size before scaling (``loss``, ``geometry``;
         ``K_full`` for "full"), or its importance (``duo``); NaN for ``uniform`` and ``streaming``.
+    sliding_windows : the model's windows per layer (:attr:`~tl_geometry.models.ModelInfo.sliding_windows`;
+        empty: every layer global), for each full head's ``K_full``.
     """
 
     rule: str
@@ -86,13 +104,17 @@ class HeadBudgets:
     rank_by: dict[tuple[int, int], str]
     seq_len: int
     want: Tensor
+    sliding_windows: tuple[int | None, ...] = ()
 
     def realised_mean(self) -> float:
         """The mean over heads of each head's keys per query, "full" counted as ``K_full``."""
         return float(self.costs().mean())
 
     def costs(self) -> Tensor:
-        return torch.where(self.n > 0, self.n.to(torch.float64), full_keys(self.seq_len))
+        """Each head's keys per query: ``n``, or its layer's ``K_full`` when full."""
+        n_layers, n_heads = self.n.shape
+        k_full = torch.from_numpy(head_full_keys(self.sliding_windows, n_layers, n_heads, self.seq_len))
+        return torch.where(self.n > 0, self.n.to(torch.float64), k_full.reshape(n_layers, n_heads))
 
     def mapping(self) -> dict[tuple[int, int], int]:
         """``{(layer, head): n}`` of the restricted heads (those not named stay full)."""
@@ -125,15 +147,16 @@ def check_rule(rule: Any) -> str:
     return rule
 
 
-def check_mean_budget(mean_budget: Any, seq_len: int) -> float:
-    """``B`` as a float in ``[1, K_full]``; otherwise one :class:`InputError`."""
+def check_mean_budget(mean_budget: Any, seq_len: int, k_full: float | None = None) -> float:
+    """``B`` as a float in ``[1, K_full]`` (``k_full``: the mean over heads, by default ``(L + 1) / 2``);
+    otherwise one :class:`InputError`."""
     if isinstance(mean_budget, bool) or not isinstance(mean_budget, numbers.Real) or not math.isfinite(mean_budget):
         raise InputError(f"mean_budget must be a number >= 1 (keys per query, mean over heads), got {mean_budget!r}")
-    k_full = full_keys(seq_len)
+    k_full = full_keys(seq_len) if k_full is None else k_full
     if not 1 <= float(mean_budget) <= k_full:
         raise InputError(
             f"mean_budget={mean_budget} is outside [1, {k_full}]: a head keeps at least 1 key and at most all "
-            f"causal keys ({k_full} on average in windows of {seq_len} tokens)"
+            f"the keys its queries see ({k_full} on average in windows of {seq_len} tokens)"
         )
     return float(mean_budget)
 
@@ -158,46 +181,47 @@ def check_tolerance(tolerance: Any, what: str = "tolerance") -> float:
 # ----------------------------------------------------------------------------- allocation
 
 
-def allocate(want: np.ndarray, mean_budget: float, seq_len: int) -> np.ndarray:
+def allocate(want: np.ndarray, mean_budget: float, seq_len: int, k_full: np.ndarray | None = None) -> np.ndarray:
     """Integer sizes (``0``: full) proportional to ``want`` whose mean cost is ``mean_budget``.
 
-    Scale ``x_h = clip(s want_h, 1, K_full)`` with ``s`` found by bisection so that
-    ``sum x_h = B H``; heads at ``K_full`` are full; the others get ``floor(x_h)``, then one more key
-    each (largest remainders first; a head already at the largest size below ``K_full`` becomes full)
-    until the total is within ``1/2`` of ``B H``.
+    Scale ``x_h = clip(s want_h, 1, K_full_h)`` with ``s`` found by bisection so that
+    ``sum x_h = B H``; heads at ``K_full_h`` are full; the others get ``floor(x_h)``, then one more key
+    each (largest remainders first; a head already at the largest size below ``K_full_h`` becomes full)
+    until the total is within ``1/2`` of ``B H``. ``k_full``: each head's ``K_full``
+    (:func:`head_full_keys`; by default ``(L + 1) / 2`` for every head).
 
     >>> allocate(np.array([1.0, 1.0, 2.0, 4.0]), 4, seq_len=64).tolist()
     [2, 2, 4, 8]
     """
-    k_full = full_keys(seq_len)
     want = np.clip(np.asarray(want, dtype=np.float64), 1e-12, None)
+    k_full = np.full(want.size, full_keys(seq_len)) if k_full is None else np.asarray(k_full, dtype=np.float64)
     target = mean_budget * want.size
-    if mean_budget >= k_full:
+    if target >= k_full.sum():
         return np.zeros(want.size, dtype=np.int64)
 
     def spent(scale: float) -> float:
         return float(np.clip(scale * want, 1.0, k_full).sum())
 
-    low, high = 0.0, k_full / want.min()
+    low, high = 0.0, float((k_full / want).max())
     for _ in range(200):
         mid = (low + high) / 2
         low, high = (mid, high) if spent(mid) < target else (low, mid)
     x = np.clip(high * want, 1.0, k_full)
     full = x >= k_full
-    cap = math.ceil(k_full) - 1  # the largest size cheaper than full
+    cap = np.ceil(k_full).astype(np.int64) - 1  # the largest size cheaper than full
     x = np.minimum(x, cap)
     sizes = np.floor(x).astype(np.int64)
-    spent_now = float(sizes[~full].sum() + full.sum() * k_full)
+    spent_now = float(sizes[~full].sum() + k_full[full].sum())
     order = [h for h in np.argsort(-(x - sizes), kind="stable") if not full[h]]
     while target - spent_now > 0.5 and order:  # one key (or promotion to full) at a time
         h = order.pop(0)
-        if sizes[h] < cap:
+        if sizes[h] < cap[h]:
             sizes[h] += 1
             spent_now += 1
             order.append(h)
         else:
             full[h] = True
-            spent_now += k_full - cap
+            spent_now += k_full[h] - cap[h]
     sizes[full] = 0
     return sizes
 
@@ -217,8 +241,9 @@ class OutputErrorObserver:
         weights = batch.weights.to(torch.float64)  # [b, h, q, k]
         values = values_per_head(batch.values, self.info.kv_head_of()).to(torch.float64)  # [b, h, k, d]
         z = weights @ values
+        window = self.info.sliding_window(batch.layer)
         for i, n in enumerate(self.grid):
-            centers = restrict_pattern(weights, weights, n) @ values
+            centers = restrict_pattern(weights, weights, n, window=window) @ values
             deletion, _ = local_errors(z, centers, torch.ones(z.shape[:-1], dtype=torch.float64))
             self.sums[batch.layer, :, i] += torch.nan_to_num(deletion, nan=0.0).sum(dim=(0, 2)).cpu()
         self.rows[batch.layer] += weights.shape[0] * weights.shape[2]
@@ -255,12 +280,13 @@ def localized_curves(
     return out
 
 
-def smallest_within(curves: Tensor, grid: Sequence[int], tolerance: float, k_full: float) -> Tensor:
-    """Per head, the smallest grid size whose value is ``<= tolerance`` (``k_full`` if none)."""
+def smallest_within(curves: Tensor, grid: Sequence[int], tolerance: float, k_full: float | Tensor) -> Tensor:
+    """Per head, the smallest grid size whose value is ``<= tolerance`` (``k_full`` if none: a number,
+    or each head's ``[n_layers, n_heads]``)."""
     sizes = torch.tensor(grid, dtype=torch.float64)
     within = curves <= tolerance
     first = torch.where(within, sizes, torch.inf).amin(dim=-1)
-    return torch.where(torch.isfinite(first), first, torch.tensor(k_full, dtype=torch.float64))
+    return torch.where(torch.isfinite(first), first, torch.as_tensor(k_full, dtype=torch.float64))
 
 
 # ----------------------------------------------------------------------------- the rules
@@ -314,7 +340,8 @@ def head_budgets(
     asked = list(mean_budget) if isinstance(mean_budget, Sequence) else [mean_budget]
     if not asked:
         raise InputError("mean_budget is empty: pass a number or a list of numbers")
-    means = [check_mean_budget(b, seq_len) for b in asked]
+    k_full_heads = head_full_keys(info.sliding_windows, info.n_layers, info.n_heads, seq_len)
+    means = [check_mean_budget(b, seq_len, float(k_full_heads.mean())) for b in asked]
     grid = check_grid(grid, seq_len)
     tolerance = check_tolerance(tolerance)
     error_tolerance = check_tolerance(error_tolerance, "error_tolerance")
@@ -323,7 +350,7 @@ def head_budgets(
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
         raise InputError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     shape = (info.n_layers, info.n_heads)
-    k_full = full_keys(seq_len)
+    k_full = torch.from_numpy(k_full_heads).reshape(shape)
     want = torch.full(shape, torch.nan, dtype=torch.float64)
     if rule == "geometry":
         want = smallest_within(output_error_curves(model, tokens, grid, batch_size), grid, error_tolerance, k_full)
@@ -336,33 +363,52 @@ def head_budgets(
     out = []
     for mean in means:
         if rule in ("uniform", "streaming"):
-            sizes = allocate(np.ones(info.n_layers * info.n_heads), mean, seq_len)
+            sizes = allocate(np.ones(info.n_layers * info.n_heads), mean, seq_len, k_full_heads)
         elif rule == "duo":
-            sizes = duo_sizes(want.flatten().numpy(), mean, seq_len, full_share)
+            sizes = duo_sizes(want.flatten().numpy(), mean, seq_len, full_share, k_full_heads)
         else:
-            sizes = allocate(want.flatten().numpy(), mean, seq_len)
+            sizes = allocate(want.flatten().numpy(), mean, seq_len, k_full_heads)
         n = torch.as_tensor(sizes, dtype=torch.int64).reshape(shape)
         rank_by = {(int(layer), int(h)): ranking for layer, h in torch.nonzero(n > 0).tolist()}
-        out.append(HeadBudgets(rule=rule, mean_budget=mean, n=n, rank_by=rank_by, seq_len=seq_len, want=want))
+        out.append(
+            HeadBudgets(
+                rule=rule,
+                mean_budget=mean,
+                n=n,
+                rank_by=rank_by,
+                seq_len=seq_len,
+                want=want,
+                sliding_windows=info.sliding_windows,
+            )
+        )
     return out if several else out[0]
 
 
-def duo_sizes(importance: np.ndarray, mean_budget: float, seq_len: int, full_share: float) -> np.ndarray:
-    """Full for the ``F = floor(full_share B H / K_full)`` most important heads, an equal window for the rest.
+def duo_sizes(
+    importance: np.ndarray, mean_budget: float, seq_len: int, full_share: float, k_full: np.ndarray | None = None
+) -> np.ndarray:
+    """Full for the ``F`` most important heads, an equal window for the rest: ``F`` the most heads, in
+    order of importance, whose ``K_full`` sum to at most ``full_share B H`` (``F = floor(full_share B H
+    / K_full)`` when every head has one ``K_full``; ``k_full`` as for :func:`allocate`).
 
     >>> duo_sizes(np.array([0.1, 0.9, 0.2, 0.3]), 8, seq_len=31, full_share=0.5).tolist()
     [5, 0, 5, 6]
     """
-    k_full = full_keys(seq_len)
     n_heads = importance.size
-    n_full = min(int(math.floor(full_share * mean_budget * n_heads / k_full)), n_heads - 1)
-    while n_full > 0 and (mean_budget * n_heads - n_full * k_full) < (n_heads - n_full):
-        n_full -= 1  # every streaming head keeps at least one key
+    k_full = np.full(n_heads, full_keys(seq_len)) if k_full is None else np.asarray(k_full, dtype=np.float64)
     order = np.argsort(-importance, kind="stable")
+    if bool((k_full == k_full[0]).all()):  # one K_full: as the rule is stated
+        n_full = min(int(math.floor(full_share * mean_budget * n_heads / k_full[0])), n_heads - 1)
+    else:
+        spent = np.cumsum(k_full[order])
+        n_full = min(int((spent <= full_share * mean_budget * n_heads).sum()), n_heads - 1)
+    while n_full > 0 and (mean_budget * n_heads - k_full[order[:n_full]].sum()) < (n_heads - n_full):
+        n_full -= 1  # every streaming head keeps at least one key
     want = np.ones(n_heads)
     rest = order[n_full:]
     sizes = np.zeros(n_heads, dtype=np.int64)
-    sizes[rest] = allocate(want[rest], (mean_budget * n_heads - n_full * k_full) / rest.size, seq_len)
+    left = (mean_budget * n_heads - k_full[order[:n_full]].sum()) / rest.size
+    sizes[rest] = allocate(want[rest], left, seq_len, k_full[rest])
     return sizes
 
 
@@ -399,15 +445,16 @@ def as_head_budgets(
     rankings = head_rankings(info, rank_by)
     sizes = torch.where(sizes > 0, sizes, torch.zeros_like(sizes))
     table = {(int(layer), int(h)): rankings[layer][h] for layer, h in torch.nonzero(sizes > 0).tolist()}
-    costs = torch.where(sizes > 0, sizes.to(torch.float64), full_keys(seq_len))
-    return HeadBudgets(
+    budgets = HeadBudgets(
         rule=rule,
-        mean_budget=float(costs.mean()),
+        mean_budget=math.nan,
         n=sizes,
         rank_by=table,
         seq_len=seq_len,
         want=torch.full(sizes.shape, torch.nan, dtype=torch.float64),
+        sliding_windows=info.sliding_windows,
     )
+    return replace(budgets, mean_budget=budgets.realised_mean())
 
 
 __all__ = [
@@ -423,6 +470,7 @@ __all__ = [
     "check_rule",
     "duo_sizes",
     "full_keys",
+    "head_full_keys",
     "head_budgets",
     "localized_curves",
     "output_error_curves",
