@@ -262,11 +262,13 @@ def load_gemma3(device: str | torch.device | None = None, dtype: torch.dtype = t
     path = gemma3_converted_dir()
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
     finally:
         hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
     hf_model.config.architectures = ["Gemma3ForCausalLM"]
     if device is not None:
         hf_model = hf_model.to(device)  # type: ignore[arg-type]  # transformers types .to through a decorator
