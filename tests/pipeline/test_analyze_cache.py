@@ -101,3 +101,71 @@ def test_a_result_without_tokens_saves_and_loads(llama_bridge, tmp_path) -> None
     loaded = tlg.load_result(result.save(tmp_path / "r"))
     assert loaded.tokens is None
     pd.testing.assert_frame_equal(loaded.separability, result.separability)
+
+
+# ----------------------------------------------------------------------------- padded batches (issue 47)
+
+PADDED_TEXTS = ["Hello world.", "The quick brown fox jumps over the lazy dog here."]
+
+
+def padded_cache(model, side: str, with_mask: bool = True):
+    """``model.to_tokens(PADDED_TEXTS)`` padded on ``side``, its mask and its cache (made with the mask or not)."""
+    from transformer_lens.utilities.tokenize_utils import get_attention_mask
+
+    tokens = model.to_tokens(PADDED_TEXTS, padding_side=side)
+    mask = get_attention_mask(model.tokenizer, tokens, prepend_bos=True, padding_side=side)
+    assert (mask == 0).any()  # the short text is padded
+    _, cache = model.run_with_cache(tokens, attention_mask=mask) if with_mask else model.run_with_cache(tokens)
+    return tokens, mask, cache
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("queries", ["last", slice(1, None)])
+def test_padded_batch_rows_equal_unpadded_rows(llama_bridge, side: str, queries) -> None:
+    settings = dict(ns=[1, 2], query_positions=queries, bounds=True)  # the random draws depend on `seq`
+    tokens, mask, cache = padded_cache(llama_bridge, side)
+    padded = tlg.analyze_cache(cache, tokens, attention_mask=mask, **settings, taxonomy=True)
+    assert padded.config["real_tokens"] == mask.sum(1).tolist()
+    for row, text in enumerate(PADDED_TEXTS):
+        alone_tokens = llama_bridge.to_tokens(text)
+        _, alone_cache = llama_bridge.run_with_cache(alone_tokens)
+        alone = tlg.analyze_cache(alone_cache, alone_tokens, **settings)
+        got = padded.separability[padded.separability.seq == row].reset_index(drop=True)
+        expected = alone.separability.assign(seq=row)
+        assert got.query_pos.max() == alone_tokens.shape[1] - 1  # the last real token, not a pad
+        pd.testing.assert_frame_equal(got, expected, check_exact=False, rtol=0, atol=1e-5)  # float32 forwards
+
+
+def test_padded_tokens_without_a_mask_are_refused(llama_bridge) -> None:
+    for side in ("right", "left"):
+        tokens, _, cache = padded_cache(llama_bridge, side)
+        with pytest.raises(InputError, match=rf"rows \[0\] of tokens are padded on the {side}.*attention_mask="):
+            tlg.analyze_cache(cache, tokens, ns=[1])
+        with pytest.raises(InputError, match=rf"rows \[0\] of the token windows are padded on the {side}"):
+            tlg.analyze(llama_bridge, tokens, ns=[1], progress=False)
+    unpadded = torch.randint(3, 200, (2, 8))
+    assert len(tlg.analyze_cache(llama_bridge.run_with_cache(unpadded)[1], unpadded, ns=[1]).separability) > 0
+
+
+def test_a_cache_made_without_the_mask_is_refused(llama_bridge) -> None:
+    tokens, mask, cache = padded_cache(llama_bridge, "left", with_mask=False)
+    with pytest.raises(InputError, match=r"made without this attention mask.*attention to pads"):
+        tlg.analyze_cache(cache, tokens, attention_mask=mask, ns=[1])
+
+
+def test_padded_batch_refusals(llama_bridge) -> None:
+    tokens, mask, cache = padded_cache(llama_bridge, "right")
+    with pytest.raises(InputError, match=r"diagnostics=False"):
+        tlg.analyze_cache(cache, tokens, attention_mask=mask, ns=[1], diagnostics=True)
+    with pytest.raises(InputError, match=r"row 0 of the padded batch has 13 real tokens: query position 20"):
+        tlg.analyze_cache(cache, tokens, attention_mask=mask, ns=[1], query_positions=[20])
+    bad = {
+        "integer or boolean": mask.float(),
+        "does not match": mask[:, :5],
+        "only 1": mask * 2,
+        "no real token": torch.zeros_like(mask),
+        "pads between": mask.clone().index_fill_(1, torch.tensor([3]), 0),
+    }
+    for message, attention_mask in bad.items():
+        with pytest.raises(InputError, match=message):
+            tlg.analyze_cache(cache, tokens, attention_mask=attention_mask, ns=[1])

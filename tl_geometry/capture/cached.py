@@ -46,11 +46,14 @@ class CachedActivations:
     cache : the cache (a mapping from hook names to tensors).
     model : the model that made it (``cache.model``).
     has_batch_dim : False for a cache made with ``remove_batch_dim=True`` (one sequence).
+    real_spans : for a padded batch, (first real position, number of real tokens) of each row
+        (:func:`tl_geometry.capture.padding.real_spans`); None when every position is a real token.
     """
 
     cache: Mapping[str, Tensor]
     model: Any
     has_batch_dim: bool
+    real_spans: tuple[tuple[int, int], ...] | None = None
 
     @classmethod
     def of(cls, cache: Any) -> "CachedActivations":
@@ -105,12 +108,21 @@ def run_cached(
     query_positions: tuple[int, ...],
     observers: Sequence[LayerObserver],
     on_layer_time: Callable[[float], None] | None = None,
+    queries_of_length: Callable[[int], tuple[int, ...]] | None = None,
 ) -> None:
     """Feed every observer the layers of the sequences ``seq_ids`` of a cache, layer by layer.
 
     The counterpart of :func:`tl_geometry.capture.hooks.run_streaming` (same arguments, the cache
     in place of the model and its tokens): the observers receive the same :class:`LayerBatch` es.
+    A padded cache (``cached.real_spans``) is fed row by row cut to its real tokens, the rows of
+    one length together, at the query positions ``queries_of_length(length)`` (positions counted
+    from each row's first real token).
     """
+    if cached.real_spans is not None:
+        if queries_of_length is None:
+            raise ValueError("a padded cache needs queries_of_length")
+        run_cached_rows(cached, info, seq_ids, layers, queries_of_length, observers, on_layer_time)
+        return
     q_index = torch.tensor(query_positions, dtype=torch.int64)
     for layer in sorted(set(layers)):
         start = time.perf_counter()
@@ -129,4 +141,40 @@ def run_cached(
             on_layer_time(time.perf_counter() - start)
 
 
-__all__ = ["NAMES_FILTER", "CachedActivations", "run_cached"]
+def run_cached_rows(
+    cached: CachedActivations,
+    info: ModelInfo,
+    seq_ids: Int[Tensor, " batch"],
+    layers: Sequence[int],
+    queries_of_length: Callable[[int], tuple[int, ...]],
+    observers: Sequence[LayerObserver],
+    on_layer_time: Callable[[float], None] | None = None,
+) -> None:
+    """:func:`run_cached` for a padded cache: each row cut to its real tokens, rows of one length together."""
+    spans = cached.real_spans or ()
+    by_length: dict[int, list[int]] = {}
+    for seq in seq_ids.tolist():
+        by_length.setdefault(spans[seq][1], []).append(int(seq))
+    for layer in sorted(set(layers)):
+        start = time.perf_counter()
+        values, pattern = cached.layer(layer)
+        for length, seqs in sorted(by_length.items()):
+            queries = queries_of_length(length)
+            q_index = torch.tensor(queries, dtype=torch.int64, device=pattern.device)
+            firsts = [spans[seq][0] for seq in seqs]
+            batch = LayerBatch(
+                layer=layer,
+                seq_ids=torch.tensor(seqs, dtype=torch.int64),
+                query_positions=queries,
+                weights=torch.stack(
+                    [pattern[seq, :, f : f + length, f : f + length] for seq, f in zip(seqs, firsts)]
+                ).index_select(2, q_index),
+                values=as_kv_values(torch.stack([values[seq, f : f + length] for seq, f in zip(seqs, firsts)]), info),
+            )
+            for obs in observers:
+                obs.observe(batch)
+        if on_layer_time is not None:
+            on_layer_time(time.perf_counter() - start)
+
+
+__all__ = ["NAMES_FILTER", "CachedActivations", "run_cached", "run_cached_rows"]

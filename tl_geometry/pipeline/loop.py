@@ -199,7 +199,11 @@ def feed(
     (:func:`~tl_geometry.capture.hooks.run_streaming`) or from the plan's cache
     (:func:`~tl_geometry.capture.cached.run_cached`)."""
     if plan.cached is not None:
-        run_cached(plan.cached, plan.info, ids, plan.layers, plan.queries, observers, on_layer_time)
+
+        def queries_of_length(length: int) -> tuple[int, ...]:  # a padded cache's rows of ``length`` real tokens
+            return plan.settings.resolve(plan.info.n_layers, length)[1]
+
+        run_cached(plan.cached, plan.info, ids, plan.layers, plan.queries, observers, on_layer_time, queries_of_length)
         return
     if plan.tokens is None:
         raise ValueError("an AnalysisPlan needs tokens or cached activations")

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from tl_geometry.capture.cached import CachedActivations
 from tl_geometry.capture.hooks import model_device
+from tl_geometry.capture.padding import find_padding
 from tl_geometry.core.budget import check_memory
 from tl_geometry.core.separability import ORDER_BYTES_PER_KEY
 from tl_geometry.corpus import as_corpus, corpus_tokens
@@ -88,6 +89,8 @@ class AnalysisPlan:
         """``AnalysisResult.config``: corpus, geometry of the windows and the settings as used."""
         s = self.settings
         source = {"source": "ActivationCache", "tokens": self.tokens is not None} if self.cached is not None else {}
+        if self.cached is not None and self.cached.real_spans is not None:  # a padded batch: rows cut to their tokens
+            source["real_tokens"] = [length for _, length in self.cached.real_spans]
         return {
             **source,
             "corpus": self.corpus_name,
@@ -128,6 +131,8 @@ def plan_analysis(model: Any, corpus: Any, settings: AnalysisSettings) -> Analys
     """
     model = load_model(model) if isinstance(model, str) else model
     info = describe_model(model)
+    if isinstance(corpus, Tensor) and not corpus.is_floating_point():
+        refuse_padding(corpus if corpus.ndim == 2 else corpus[None], model)
     corpus = as_corpus(corpus, default_seq_len=min(512, info.n_ctx))
     if corpus.seq_len > info.n_ctx:
         raise InputError(
@@ -138,6 +143,19 @@ def plan_analysis(model: Any, corpus: Any, settings: AnalysisSettings) -> Analys
     check_batch_memory(model, info, settings, corpus.seq_len, len(queries), corpus.n_seqs)
     tokens = corpus_tokens(model, corpus, info)
     return AnalysisPlan(model, info, settings, corpus.name, tokens, layers, queries)
+
+
+def refuse_padding(tokens: Tensor, model: Any) -> None:
+    """Refuse token windows padded by the model's tokenizer: ``analyze`` measures every position."""
+    padded = find_padding(tokens, getattr(model, "tokenizer", None))
+    if padded is not None:
+        rows, side = padded
+        raise InputError(
+            f"rows {rows[:8]}{' ...' if len(rows) > 8 else ''} of the token windows are padded on the {side} (the pad "
+            f"token {model.tokenizer.pad_token_id}), and analyze would measure the pads: pass the texts as a list of "
+            "strings (cut into windows of equal length), or run_with_cache and analyze_cache(cache, tokens, "
+            "attention_mask=...)"
+        )
 
 
 def check_batch_memory(
