@@ -13,8 +13,15 @@ a temporary folder, no download), with every query position of ``--seq-len`` tok
 default tables, so each window adds tens of thousands of rows; ``--model smollm2-135m`` runs the
 real model.
 
+``--query-all 128,256`` instead runs one process per length, ``tl-geometry run --n-seqs 1
+--query all --rank-by attention --no-bounds --no-diagnostics`` (the run of issue 47), and compares its
+peak RSS beyond the loaded model with the memory the run is checked against before it starts
+(:func:`tl_geometry.pipeline.plan.run_memory`, what ``TL_GEOMETRY_MEMORY_BUDGET`` bounds): the
+estimate must cover the peak.
+
 Run:  python benchmarks/bench_memory.py                   (a few minutes on 2 shared cores)
       python benchmarks/bench_memory.py --windows 8,64 --seq-len 128
+      python benchmarks/bench_memory.py --query-all 128,256,512
 """
 
 from __future__ import annotations
@@ -48,6 +55,54 @@ if os.environ.get("RANK") == "0" and os.environ.get("TLG_BENCH_RSS_FILE"):
             f.write(f"{_peaks.get('merged', -1)} {_peaks['exit']}")
     atexit.register(_write)
 """
+
+
+QUERY_ALL_HOOK = """
+import atexit, os, resource, psutil
+if os.environ.get("TLG_BENCH_RSS_FILE"):
+    import tl_geometry, tl_geometry.pipeline.plan as _plan
+    _seen = {}
+    _load = tl_geometry.load_model
+    def load_model(*args, **kwargs):
+        model = _load(*args, **kwargs)
+        _seen["after_load"] = psutil.Process().memory_info().rss // 1024
+        return model
+    tl_geometry.load_model = load_model
+    _check = _plan.check_run_memory
+    def check_run_memory(*args):
+        _seen.setdefault("estimate", _plan.run_memory(*args)[0] // 1024)
+        return _check(*args)
+    _plan.check_run_memory = check_run_memory
+    def _write():
+        _seen["peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        with open(os.environ["TLG_BENCH_RSS_FILE"], "w") as f:
+            f.write(" ".join(str(_seen.get(k, -1)) for k in ("after_load", "peak", "estimate")))
+    atexit.register(_write)
+"""
+
+
+def query_all_peak(model: str, seq_len: int, work: Path) -> dict[str, float]:
+    """Peak RSS beyond the loaded model of one ``run --query all`` of one window, and its estimate (MiB)."""
+    rss_file, out = work / f"rss-all-{seq_len}.txt", work / f"run-all-{seq_len}"
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(work / "hook-all"), str(REPO), env.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TLG_BENCH_RSS_FILE=str(rss_file),
+    )
+    command = [sys.executable, "-m", "tl_geometry", "run", "--model", model, "--n-seqs", "1", "--seq-len", str(seq_len)]
+    command += ["--query", "all", "--rank-by", "attention", "--no-bounds", "--no-diagnostics", "--no-progress"]
+    proc = subprocess.run([*command, "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    after_load, peak, estimate = (int(x) / 1024 for x in rss_file.read_text().split())
+    return {
+        "after_load_mib": after_load,
+        "peak_mib": peak,
+        "beyond_load_mib": peak - after_load,
+        "estimate_mib": estimate,
+    }
 
 
 def random_llama(folder: Path) -> Path:
@@ -107,7 +162,11 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=32, help="tokens per window (default 32)")
     parser.add_argument("--batch-size", type=int, default=4, help="windows per batch (default 4)")
     parser.add_argument("--model", default=None, help="a model for --model (default: a random 2-layer LLaMA)")
+    parser.add_argument("--query-all", default=None, help="window lengths of the --query all runs (e.g. 128,256)")
     args = parser.parse_args()
+    if args.query_all:
+        main_query_all(args)
+        return
     counts = [int(w) for w in args.windows.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -133,6 +192,24 @@ def main() -> None:
     )
     summary = {"windows": results, "growth_mib": round(growth, 1), "growth_exit_mib": round(growth_exit, 1)}
     print(json.dumps({**summary, "model": args.model or "random-llama-2l"}))
+
+
+def main_query_all(args: argparse.Namespace) -> None:
+    """``--query-all``: each length's peak beyond the loaded model against the estimate checked before the run."""
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        (work / "hook-all").mkdir()
+        (work / "hook-all" / "sitecustomize.py").write_text(QUERY_ALL_HOOK)
+        model = args.model or str(random_llama(work / "model"))
+        for seq_len in [int(x) for x in args.query_all.split(",")]:
+            r = query_all_peak(model, seq_len, work)
+            load = os.getloadavg()[0]
+            covered = "covered" if r["beyond_load_mib"] <= r["estimate_mib"] else "NOT covered"
+            print(f"--seq-len {seq_len:5d} --query all: peak RSS {r['peak_mib']:7.1f} MiB, {r['beyond_load_mib']:7.1f} MiB "
+                  f"beyond the loaded model; estimate {r['estimate_mib']:7.1f} MiB ({covered}; load {load:.1f})")  # fmt: skip
+            results[seq_len] = {**{k: round(v, 1) for k, v in r.items()}, "load_average": load}
+    print(json.dumps({"query_all": results, "model": args.model or "random-llama-2l"}))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,31 @@ def test_geometry_of_the_real_model(smollm2) -> None:
     assert info.values_include_value_bias is True  # LLaMA has no value bias to lose
 
 
+def test_known_shape_is_the_configuration_and_the_loaded_model(smollm2) -> None:
+    """The shape checked before the model loads (issue 47) is the GGUF's configuration and the model's."""
+    from transformers import AutoConfig
+
+    from tl_geometry.models import model_shape, smollm2_gguf_path
+
+    path = smollm2_gguf_path()
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    shape = model_shape("smollm2-135m")
+    assert shape is not None
+    assert (shape.n_layers, shape.n_heads, shape.n_ctx, shape.d_vocab) == (
+        config.num_hidden_layers,
+        config.num_attention_heads,
+        config.max_position_embeddings,
+        config.vocab_size,
+    )
+    info = tlg.describe_model(smollm2)
+    assert (shape.n_layers, shape.n_heads, shape.n_ctx, shape.d_vocab) == (
+        info.n_layers,
+        info.n_heads,
+        info.n_ctx,
+        smollm2.cfg.d_vocab,
+    )
+
+
 def test_sink_value_norm_is_compressed_in_most_heads(smollm2, result) -> None:
     """Assumption 1 (paper §3.1): ||v_0|| = lambda C with lambda < 1. SmolLM2 could contradict it."""
     _, cache = smollm2.run_with_cache(result.tokens, names_filter=lambda n: n.endswith("hook_v"))

@@ -113,6 +113,58 @@ class ModelInfo:
         return kv_head_index(self.n_heads, self.n_kv_heads)
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """What the checks made before a model loads need, read from its configuration (no weights).
+
+    Attributes
+    ----------
+    n_layers, n_heads : number of layers and of query heads per layer.
+    n_ctx : the longest sequence the model accepts.
+    d_vocab : the size of its vocabulary (the logits of a forward pass).
+    """
+
+    n_layers: int
+    n_heads: int
+    n_ctx: int
+    d_vocab: int
+
+
+#: The embedded SmolLM2-135M-Instruct's shape, as its GGUF file's configuration gives it (read
+#: there it costs seconds; ``tests/test_smollm2.py`` checks that the two agree).
+SMOLLM2_SHAPE = ModelShape(n_layers=30, n_heads=9, n_ctx=8192, d_vocab=49152)
+
+
+def model_shape(name: str) -> ModelShape | None:
+    """The shape of the model ``name`` from its configuration alone, or None where it cannot be read here.
+
+    The embedded model's is known; any other name is read with ``transformers.AutoConfig`` from a
+    local folder or the local Hugging Face cache, never the network. None (a name not cached, a
+    configuration without these fields) leaves the checks to the loaded model.
+    """
+    name = name.strip()
+    if name.lower() in _SMOLLM2_ALIASES:
+        return SMOLLM2_SHAPE
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(Path(name).expanduser()), local_files_only=True)
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    except Exception:  # noqa: BLE001 - any failure to read leaves the checks to the loaded model
+        return None
+    fields = {
+        "n_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+        "n_heads": ("num_attention_heads", "n_head", "num_heads"),
+        "n_ctx": ("max_position_embeddings", "n_positions", "n_ctx"),
+        "d_vocab": ("vocab_size",),
+    }
+    values = {key: next((getattr(config, n) for n in names if isinstance(getattr(config, n, None), int)), None)
+              for key, names in fields.items()}  # fmt: skip
+    if any(v is None or v < 1 for v in values.values()):
+        return None
+    return ModelShape(**{key: int(v) for key, v in values.items() if v is not None})
+
+
 def kv_head_index(n_heads: int, n_kv_heads: int) -> Int[Tensor, " head"]:
     """The key/value head serving each query head: ``g = h // (n_heads // n_kv_heads)`` (definitions §1)."""
     if n_kv_heads < 1 or n_heads % n_kv_heads:

@@ -59,6 +59,9 @@ BEFORE_LOAD = {
         ["--out", ""],
         ["--out", "{file}"],
         ["--resume", "--force"],
+        ["--seq-len", "9000"],  # beyond SmolLM2's context, known from its configuration (issue 47)
+        ["--corpus", "{short}"],  # fewer bytes than one window has tokens
+        ["--query", "100000"],
     ],
     "sparsify": [
         ["--model", "/nonexistent/model/path"],
@@ -73,6 +76,7 @@ BEFORE_LOAD = {
         ["--tolerance", "-1"],
         ["--local-unit", "galaxy"],
         ["--local-n", "0"],
+        ["--seq-len", "9000"],
         ["--seed", str(2**70)],
         ["--batch-size", "0"],
         ["--out", ""],
@@ -88,7 +92,6 @@ AFTER_LOAD = {
         ["--n-seqs", HUGE],
         ["--seq-len", "100000"],
         ["--ns", "1,100000"],
-        ["--query", "100000"],
         ["--query", "-100000"],
         ["--n-random", str(10**9), "--rank-by", "random"],
     ],
@@ -116,7 +119,9 @@ def paths(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "blank.txt").write_text(" \n\t\n" * 100)
     (tmp_path / "folder").mkdir()
     (tmp_path / "a_file").write_text("not a directory")
+    (tmp_path / "short.txt").write_text("Too short for a window.")
     return {
+        "{short}": str(tmp_path / "short.txt"),
         "{empty}": str(tmp_path / "empty.txt"),
         "{blank}": str(tmp_path / "blank.txt"),
         "{folder}": str(tmp_path / "folder"),
@@ -177,6 +182,27 @@ def test_absurd_size_is_refused_before_any_forward_pass(
     monkeypatch.setattr(type(llama_bridge), "forward", no_forward)
     assert_one_line_and_exit_2(full_argv(command, argv, paths), capsys)
     assert not (Path(paths["out"]) / "progress").exists() or not any((Path(paths["out"]) / "progress").iterdir())
+
+
+#: TL_GEOMETRY_MEMORY_BUDGET and the options of runs it cannot hold: refused before the model loads
+#: (issue 47: `--query all` holds a table per query position the old estimate did not count).
+BUDGETS = [
+    ("garbage", []),
+    ("0", []),
+    ("1e400", []),
+    ("600MiB", ["--n-seqs", "1", "--seq-len", "512", "--query", "all", "--rank-by", "attention", "--no-bounds"]),
+    ("16GiB", ["--n-seqs", "1", "--seq-len", "8192", "--query", "all"]),
+]
+
+
+@pytest.mark.parametrize(("budget", "argv"), BUDGETS, ids=[b for b, _ in BUDGETS])
+def test_memory_budget_is_checked_before_the_model_loads(budget, argv, paths, capsys, no_model, monkeypatch) -> None:
+    monkeypatch.setenv("TL_GEOMETRY_MEMORY_BUDGET", budget)
+    with open(paths["text"], "a") as f:
+        f.write("More text to fill a long window. " * 300)  # 8192 tokens' worth of bytes
+    line = assert_one_line_and_exit_2(full_argv("run", argv, paths), capsys)
+    assert "TL_GEOMETRY_MEMORY_BUDGET" in line
+    assert not Path(paths["out"]).exists()
 
 
 def test_seed_of_2_to_the_64_minus_1_is_the_seed_minus_1() -> None:

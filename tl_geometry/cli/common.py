@@ -87,15 +87,43 @@ def corpus_from_args(args: argparse.Namespace) -> Any:
     """The windows of ``--corpus`` / ``--dataset``, ``--n-seqs`` and ``--seq-len``; ``--model``
     checked too (a path that does not exist), all before any model is loaded."""
     from tl_geometry import corpus
-    from tl_geometry.models import check_model_name
+    from tl_geometry.core.budget import memory_budget
+    from tl_geometry.models import check_model_name, model_shape
 
     check_model_name(args.model)
-
+    memory_budget()  # a TL_GEOMETRY_MEMORY_BUDGET that is not a size is refused now, not after the load
+    shape = model_shape(args.model)
+    if shape is not None and args.seq_len > shape.n_ctx:
+        raise TLGeometryError(
+            f"--seq-len {args.seq_len} is longer than the context of {args.model} ({shape.n_ctx} tokens): "
+            f"use --seq-len <= {shape.n_ctx}"
+        )
     if args.dataset:
         return corpus.from_dataset(args.dataset, n_seqs=args.n_seqs, seq_len=args.seq_len)
     if args.corpus == "python-docs":
         return corpus.python_docs(n_seqs=args.n_seqs, seq_len=args.seq_len)
-    return corpus.from_files(args.corpus, n_seqs=args.n_seqs, seq_len=args.seq_len)
+    texts = corpus.from_files(args.corpus, n_seqs=args.n_seqs, seq_len=args.seq_len)
+    check_corpus_size(args.corpus, args.n_seqs, args.seq_len)
+    return texts
+
+
+def check_corpus_size(paths: Any, n_seqs: int | None, seq_len: int) -> None:
+    """Refuse, before the model loads, corpus files too short for ``n_seqs`` windows of ``seq_len`` tokens.
+
+    A tokenizer makes at most one token per byte of UTF-8 text, plus one between documents and one
+    at the start of a text (a prefix-space token): a bound that needs no tokenizer, so it refuses
+    only what cannot fit (a corpus that passes it may still be short, which the tokenizer says).
+    """
+    files = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    most_tokens = sum(path.stat().st_size for path in files) + 2 * len(files)
+    windows = n_seqs or 1
+    needed = windows * (seq_len - 1)  # the BOS of each window is not text
+    if most_tokens < needed:
+        raise TLGeometryError(
+            f"--corpus holds at most {most_tokens} tokens ({most_tokens - 2 * len(files)} bytes of text), fewer than "
+            f"{windows} window{'s' if windows > 1 else ''} of --seq-len {seq_len} need: lower --n-seqs or --seq-len, "
+            "or give more text"
+        )
 
 
 def device_from_args(args: argparse.Namespace, world: World | None) -> Any:

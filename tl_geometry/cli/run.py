@@ -222,7 +222,22 @@ def _checked_run(args: argparse.Namespace, settings: Any, device: Any, out: Path
             check_shards(out / "progress", world.size)
         world.barrier()  # every rank has checked --out before rank 0 claims it
     corpus = corpus_from_args(args)
+    check_before_load(args, settings)
     return _run(args, settings, device, out, corpus, world)
+
+
+def check_before_load(args: argparse.Namespace, settings: Any) -> None:
+    """The checks of the settings against the model that need only its configuration (layers, query
+    positions and sizes, the memory of the whole run), made before its weights load; with a
+    configuration that cannot be read here they wait for the loaded model."""
+    from tl_geometry.models import model_shape
+    from tl_geometry.pipeline.plan import check_run_memory
+
+    shape = model_shape(args.model)
+    if shape is None:
+        return
+    layers, queries = settings.resolve(shape.n_layers, args.seq_len)
+    check_run_memory(shape.n_heads, shape.d_vocab, len(layers), queries, settings, args.seq_len, args.n_seqs)
 
 
 def _run(args: argparse.Namespace, settings: Any, device: Any, out: Path, corpus: Any, world: Any) -> int:
@@ -373,6 +388,7 @@ __all__ = [
     "MODEL_DTYPES",
     "add_parser",
     "add_settings_options",
+    "check_before_load",
     "run_command",
     "settings_from_args",
 ]

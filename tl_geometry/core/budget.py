@@ -34,7 +34,7 @@ def parse_bytes(text: str) -> int:
         value = float(match.group(1)) * _UNITS[unit] if match else float("nan")
     except (KeyError, ValueError):
         value = float("nan")
-    if not value >= 1:  # NaN too
+    if not 1 <= value < 2**63:  # NaN and infinity (1e400) too
         raise InputError(
             f"{BUDGET_VARIABLE}={text!r} is not a size: give bytes or a number and a unit, e.g. 16GiB or 500MB"
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
@@ -140,7 +140,8 @@ def plan_analysis(model: Any, corpus: Any, settings: AnalysisSettings) -> Analys
             f"use seq_len <= {info.n_ctx}"
         )
     layers, queries = settings.resolve(info.n_layers, corpus.seq_len, info.sliding_windows)
-    check_batch_memory(model, info, settings, corpus.seq_len, len(queries), corpus.n_seqs)
+    d_vocab = int(getattr(model.cfg, "d_vocab", 0) or 0)
+    check_run_memory(info.n_heads, d_vocab, len(layers), queries, settings, corpus.seq_len, corpus.n_seqs)
     tokens = corpus_tokens(model, corpus, info)
     return AnalysisPlan(model, info, settings, corpus.name, tokens, layers, queries)
 
@@ -158,23 +159,68 @@ def refuse_padding(tokens: Tensor, model: Any) -> None:
         )
 
 
-def check_batch_memory(
-    model: Any, info: ModelInfo, settings: AnalysisSettings, seq_len: int, n_queries: int, n_seqs: int | None
-) -> None:
-    """Refuse, before any forward pass, a batch whose least memory exceeds the budget (:mod:`tl_geometry.core.budget`).
+#: Bytes any run holds beyond the loaded model whatever its size: the libraries the analysis and
+#: the report import, and their buffers (measured 180 MiB at ``--seq-len 64``).
+BASE_BYTES = 256 << 20
+#: Bytes one result row takes at the peak of its batch: the observers' tables, their join and
+#: its conversion for the store (calibrated with ``benchmarks/bench_memory.py --query-all``).
+ROW_BYTES = 512
+#: Bytes per (layer, head, query position, ``N``, ranking) of the tables over every window that
+#: follow the batches: the sums behind every mean, the regime features, the head labels and the
+#: report (calibrated with the same benchmark).
+GROUP_BYTES = 1536
 
-    Counted: one layer's attention scores and pattern and the logits of the forward pass
-    (float32), the captured weights of every query position, and the random draws of one query
-    position (the engine works through the rest in blocks).
+
+def rows_per_window(n_layers: int, n_heads: int, queries: Sequence[int], settings: AnalysisSettings) -> int:
+    """The rows one window adds to the results: per layer, head, query position, ``N`` and ranking."""
+    from tl_geometry.core.sizes import resolve_ns
+
+    sizes = sum(int(resolve_ns(settings.ns, q + 1).numel()) for q in queries)
+    return n_layers * n_heads * sizes * len(settings.rank_by)
+
+
+def run_memory(
+    n_heads: int,
+    d_vocab: int,
+    n_layers: int,
+    queries: Sequence[int],
+    settings: AnalysisSettings,
+    seq_len: int,
+    n_seqs: int | None,
+) -> tuple[int, str]:
+    """The bytes a run holds at its peak beyond the loaded model, and the run in words.
+
+    Needs only the model's shape (``n_heads``, ``d_vocab``, the ``n_layers`` analysed), so it is
+    known before the model loads. Counted: :data:`BASE_BYTES`, one layer's attention scores and pattern and the logits
+    of the forward pass (float32), the captured weights of every query position, the random
+    draws of one query position (the engine works through the rest in blocks), the rows of one
+    batch (:data:`ROW_BYTES` each) and the tables over every window that follow
+    (:data:`GROUP_BYTES` per row of one window: they grow with the query positions, not the windows).
     """
     batch = min(settings.batch_size, n_seqs or settings.batch_size)
-    d_vocab = int(getattr(model.cfg, "d_vocab", 0) or 0)
     draws = settings.n_random if settings.random_control else 1
-    forward = batch * seq_len * (2 * info.n_heads * seq_len + d_vocab) * 4
-    captured = batch * info.n_heads * n_queries * seq_len * 4
-    one_position = batch * info.n_heads * draws * seq_len * ORDER_BYTES_PER_KEY
-    check_memory(
-        forward + captured + one_position,
-        f"one batch of {batch} windows x {seq_len} tokens ({n_queries} query positions, {draws} draws per row)",
-        "lower batch_size, seq_len or n_random (or measure fewer query positions)",
+    forward = batch * seq_len * (2 * n_heads * seq_len + d_vocab) * 4
+    captured = batch * n_heads * len(queries) * seq_len * 4
+    one_position = batch * n_heads * draws * seq_len * ORDER_BYTES_PER_KEY
+    rows = rows_per_window(n_layers, n_heads, queries, settings)
+    tables = rows * (batch * ROW_BYTES + GROUP_BYTES)
+    what = (
+        f"a run of batches of {batch} window{'s' if batch > 1 else ''} x {seq_len} tokens ({len(queries)} query positions, {draws} draws "
+        f"per row, {rows} result rows per window)"
     )
+    return BASE_BYTES + forward + captured + one_position + tables, what
+
+
+def check_run_memory(
+    n_heads: int,
+    d_vocab: int,
+    n_layers: int,
+    queries: Sequence[int],
+    settings: AnalysisSettings,
+    seq_len: int,
+    n_seqs: int | None,
+) -> None:
+    """Refuse, before any forward pass, a run whose peak (:func:`run_memory`) exceeds the budget
+    (:mod:`tl_geometry.core.budget`)."""
+    n_bytes, what = run_memory(n_heads, d_vocab, n_layers, queries, settings, seq_len, n_seqs)
+    check_memory(n_bytes, what, "lower batch_size, seq_len or n_random, or measure fewer query positions or sizes N")
