@@ -252,3 +252,27 @@ def test_patching_rejects_bad_settings_before_running(llama_bridge) -> None:
         patching.head_out(llama_bridge, _tokens(0), _tokens(1), _metric, method="gradient")
     with pytest.raises(InputError, match="scalar tensor"):
         patching.attribute_head_out(llama_bridge, _tokens(0), _tokens(1), lambda logits: 1.0)
+
+
+@pytest.mark.parametrize(
+    ("metric", "message"),
+    [
+        (lambda logits: logits[:, -1, 7], r"scalar, got a tensor of shape \(2,\)"),
+        (lambda logits: "high", r"scalar tensor or a number, got str"),
+        (lambda logits: logits[:, -1, 7].mean() * float("nan"), r"returned nan on the clean run"),
+    ],
+    ids=["vector", "string", "nan"],
+)
+def test_patch_head_out_checks_the_metric_before_the_patched_passes(llama_bridge, metric, message, monkeypatch) -> None:
+    """Issue 47: a metric that is not a finite scalar is one error after the clean run, not after every pass."""
+    patched_passes = []
+    run_with_hooks = type(llama_bridge).run_with_hooks
+
+    def counted(self, *args, **kwargs):
+        patched_passes.append(1)
+        return run_with_hooks(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(llama_bridge), "run_with_hooks", counted)
+    with pytest.raises(InputError, match=message):
+        tlg.intervention.patching.patch_head_out(llama_bridge, _tokens(0), _tokens(1), metric, heads_per_pass=1)
+    assert patched_passes == []

@@ -20,6 +20,7 @@ Columns: docs/columns.md#effect-frames; agreement and speed on SmolLM2: docs/hea
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Any, Callable
 
@@ -73,11 +74,37 @@ def _check_pair(clean_tokens: Any, corrupted_tokens: Any, metric: Any) -> tuple[
     return clean_tokens, corrupted_tokens
 
 
-def _clean_z(model: Any, tokens: Tensor) -> dict[str, Tensor]:
-    """``hook_z`` of every layer on ``tokens``: name -> ``[batch, pos, head, d_head]``."""
+def _clean_z(model: Any, tokens: Tensor, metric: Callable[[Tensor], Tensor] | None = None) -> dict[str, Tensor]:
+    """``hook_z`` of every layer on ``tokens``: name -> ``[batch, pos, head, d_head]``; ``metric``
+    (if given) checked on the logits of the same pass (:func:`check_metric_value`)."""
     with torch.inference_mode():
-        _, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_z"))
+        logits, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_z"))
+        if metric is not None:
+            check_metric_value(metric(logits))
     return {name: cache[name].clone() for name in cache.keys()}
+
+
+def check_metric_value(value: Any) -> float:
+    """``value``, a metric's result, as a float: a one-element tensor or a number, and finite.
+
+    Checked on the clean run, before the patched passes, so that a metric returning a vector, a
+    string or NaN is one :class:`InputError` instead of a failure after every pass.
+    """
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise InputError(
+                f"metric must return a scalar, got a tensor of shape {tuple(value.shape)}: reduce it (e.g. .mean())"
+            )
+        number = float(value.detach().double().item())
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        raise InputError(f"metric must return a scalar tensor or a number, got {type(value).__name__}")
+    if not math.isfinite(number):
+        raise InputError(
+            f"metric returned {number} on the clean run: it must be finite (check for a division by zero or log(0))"
+        )
+    return number
 
 
 def patch_head_out(
@@ -130,7 +157,7 @@ def patch_head_out(
     device = model_device(model)
     batch, n_pos = corrupted_tokens.shape
     per_pass = heads_per_pass or max(1, TOKENS_PER_PASS // (batch * n_pos))
-    clean_z = _clean_z(model, clean_tokens.to(device))
+    clean_z = _clean_z(model, clean_tokens.to(device), metric)
     corrupted = corrupted_tokens.to(device)
     heads = [(layer, head) for layer in range(info.n_layers) for head in range(info.n_heads)]
     effects = torch.empty(info.n_layers, info.n_heads)
