@@ -95,3 +95,20 @@ if has_hooked_transformer():  # HookedTransformer exists in TransformerLens 3.x 
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert tlg.describe_model(model).values_include_value_bias is True
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [[[5, 6, 7], [5, 6]], [[10**30, 5]], ["ab", "cd"]],
+    ids=["ragged", "beyond-int64", "text"],
+)
+def test_from_tokens_refuses_what_is_not_a_token_array(tokens) -> None:
+    """Issue 47: these were a raw ValueError / TypeError of torch."""
+    with pytest.raises(tlg.InputError, match=r"\[n_seqs, seq_len\] array of integer ids"):
+        tlg.corpus.from_tokens(tokens)
+
+
+@pytest.mark.parametrize("ns", [10**30, [1, [2]]], ids=["huge", "ragged"])
+def test_sizes_that_are_not_a_list_of_ints_are_one_error(ns) -> None:
+    with pytest.raises(tlg.InputError, match=r"ns must be a 1-D list of selection sizes"):
+        tlg.separability(torch.full((2, 4), 0.25), torch.randn(2, 4, 3), ns=ns)

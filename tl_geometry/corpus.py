@@ -244,6 +244,10 @@ def from_files(
     return Corpus(name=name, texts=read, n_seqs=n_seqs, seq_len=seq_len)
 
 
+#: The end of the advice for a file in another encoding: the API's way (the CLI reads UTF-8 and drops it).
+ENCODING_HINT = "encoding= to from_files"
+
+
 def _check_text_file(path: Path, encoding: str) -> None:
     """Raise :class:`InputError` unless ``path`` decodes as ``encoding`` text with no NUL byte.
 
@@ -258,6 +262,12 @@ def _check_text_file(path: Path, encoding: str) -> None:
     try:
         with open(path, "rb") as f:
             while chunk := f.read(1 << 20):
+                if offset == 0 and chunk.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+                    if not codecs.lookup(encoding).name.startswith("utf-16"):
+                        raise InputError(
+                            f"corpus {path} is UTF-16 text (it starts with a UTF-16 byte-order mark), not "
+                            f"{encoding}: convert it (e.g. iconv -f utf-16 -t utf-8), or pass {ENCODING_HINT}"
+                        )
                 if b"\x00" in chunk:
                     raise InputError(
                         f"corpus {path} is not a text file (it holds NUL bytes at byte {offset + chunk.index(0)}): "
@@ -269,7 +279,7 @@ def _check_text_file(path: Path, encoding: str) -> None:
     except UnicodeDecodeError as exc:
         raise InputError(
             f"corpus {path} is not {encoding} text (byte {offset + exc.start} cannot be decoded): convert it "
-            f"(e.g. iconv -f latin1 -t utf-8), or pass encoding= to from_files"
+            f"(e.g. iconv -f latin1 -t utf-8), or pass {ENCODING_HINT}"
         ) from None
     except OSError as exc:
         raise InputError(f"cannot read corpus {path}: {exc.strerror or exc}") from None
@@ -315,7 +325,13 @@ def from_dataset(
 
 def from_tokens(tokens: Tensor | Sequence[Sequence[int]], name: str = "tokens") -> TokenCorpus:
     """Windows given as token ids ``[n_seqs, seq_len]`` (for models without a tokenizer, or your own)."""
-    t = torch.as_tensor(tokens)
+    try:
+        t = torch.as_tensor(tokens)
+    except (TypeError, ValueError, OverflowError, RuntimeError) as exc:  # ragged rows, ids beyond int64, text
+        raise InputError(
+            "tokens must be an [n_seqs, seq_len] array of integer ids, every window of one length "
+            f"({type(exc).__name__}: {str(exc)[:80]})"
+        ) from None
     if t.ndim == 1:
         t = t[None]
     if t.ndim != 2 or t.numel() == 0:

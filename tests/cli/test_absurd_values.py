@@ -7,6 +7,7 @@ loads the tiny random LLaMA, before any forward pass.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -120,7 +121,11 @@ def paths(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "folder").mkdir()
     (tmp_path / "a_file").write_text("not a directory")
     (tmp_path / "short.txt").write_text("Too short for a window.")
+    (tmp_path / "latin1.txt").write_bytes("Caf\u00e9 cr\u00e8me, na\u00efve. ".encode("latin-1") * 100)
+    (tmp_path / "utf16.txt").write_text("The quick brown fox. " * 100, encoding="utf-16")
     return {
+        "{latin1}": str(tmp_path / "latin1.txt"),
+        "{utf16}": str(tmp_path / "utf16.txt"),
         "{short}": str(tmp_path / "short.txt"),
         "{empty}": str(tmp_path / "empty.txt"),
         "{blank}": str(tmp_path / "blank.txt"),
@@ -203,6 +208,28 @@ def test_memory_budget_is_checked_before_the_model_loads(budget, argv, paths, ca
     line = assert_one_line_and_exit_2(full_argv("run", argv, paths), capsys)
     assert "TL_GEOMETRY_MEMORY_BUDGET" in line
     assert not Path(paths["out"]).exists()
+
+
+#: Errors a CLI user must be able to act on: the option named, no advice meant for the API (issue 47).
+NAMED = [
+    (["sparsify", "--local-n", "0"], r"--local-n: n must be"),
+    (["budgets", "--budgets", "4", "--grid", "0"], r"--grid: n must be"),
+    (["budgets", "--budgets", "16"], r"--budgets: mean_budget=16.0 is outside"),
+    (["run", "--corpus", "{latin1}"], r"is not utf-8 text .*iconv.*--corpus must be UTF-8\)$"),
+    (["run", "--corpus", "{utf16}"], r"is UTF-16 text .*iconv -f utf-16 -t utf-8.*--corpus must be UTF-8"),
+    (["run", "--dtype", "float16", "--device", "cpu"], r"--dtype float16 on the CPU .*--dtype float32"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), NAMED, ids=[" ".join(a[:3]) for a, _ in NAMED])
+def test_cli_errors_name_the_option_and_the_cli_fix(argv, message, paths, capsys, no_model) -> None:
+    command, *rest = [paths.get(a, a) for a in argv]
+    base = [] if "--corpus" in rest else ["--corpus", paths["text"]]
+    line = assert_one_line_and_exit_2(
+        [command, *base, "--n-seqs", "1", "--seq-len", "24", "--out", paths["out"], *rest], capsys
+    )
+    assert re.search(message, line), line
+    assert "encoding=" not in line and "from_files" not in line
 
 
 def test_seed_of_2_to_the_64_minus_1_is_the_seed_minus_1() -> None:

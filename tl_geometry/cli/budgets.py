@@ -28,6 +28,7 @@ from tl_geometry.cli.common import (
     claim_out,
     corpus_from_args,
     locked_out,
+    named_option,
     out_path,
     parse_names,
     resumable,
@@ -76,11 +77,13 @@ def _options(args: argparse.Namespace) -> dict:
     if not means:
         raise TLGeometryError("--budgets is empty: give mean budgets, e.g. --budgets 4,8,16")
     for mean in means:
-        check_mean_budget(mean, args.seq_len)
+        with named_option("--budgets"):
+            check_mean_budget(mean, args.seq_len)
     rules = [check_rule(rule) for rule in parse_names(args.rules)]
     if not rules:
         raise TLGeometryError("--rules is empty: give rules, e.g. --rules uniform,geometry")
-    check_grid(grid, args.seq_len)
+    with named_option("--grid"):
+        check_grid(grid, args.seq_len)
     check_tolerance(args.tolerance)
     check_tolerance(args.error_tolerance, "--error-tolerance")
     return {"means": means, "rules": list(dict.fromkeys(rules)), "grid": grid}

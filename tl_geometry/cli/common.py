@@ -83,6 +83,15 @@ def check_window_options(args: argparse.Namespace, why_two: str) -> None:
         raise TLGeometryError(f"--batch-size must be at least 1, got {args.batch_size}")
 
 
+@contextmanager
+def named_option(flag: str) -> Iterator[None]:
+    """Prefix ``flag`` to the error a check of its value raises: ``--local-n: n must be ...``."""
+    try:
+        yield
+    except TLGeometryError as exc:
+        raise type(exc)(f"{flag}: {exc}") from None
+
+
 def corpus_from_args(args: argparse.Namespace) -> Any:
     """The windows of ``--corpus`` / ``--dataset``, ``--n-seqs`` and ``--seq-len``; ``--model``
     checked too (a path that does not exist), all before any model is loaded."""
@@ -102,7 +111,10 @@ def corpus_from_args(args: argparse.Namespace) -> Any:
         return corpus.from_dataset(args.dataset, n_seqs=args.n_seqs, seq_len=args.seq_len)
     if args.corpus == "python-docs":
         return corpus.python_docs(n_seqs=args.n_seqs, seq_len=args.seq_len)
-    texts = corpus.from_files(args.corpus, n_seqs=args.n_seqs, seq_len=args.seq_len)
+    try:
+        texts = corpus.from_files(args.corpus, n_seqs=args.n_seqs, seq_len=args.seq_len)
+    except TLGeometryError as exc:  # the advice for the API (encoding=) is no use to a user of the CLI
+        raise type(exc)(str(exc).replace(f", or pass {corpus.ENCODING_HINT}", " (--corpus must be UTF-8)")) from None
     check_corpus_size(args.corpus, args.n_seqs, args.seq_len)
     return texts
 

@@ -202,6 +202,7 @@ def run_command(args: argparse.Namespace) -> int:
     world = World.sharding_from_env()
     settings = settings_from_args(args)
     device = device_from_args(args, world)
+    check_weight_dtype(args.dtype, device)
     out = out_path(args)
     if world is None:
         with locked_out(out, args):
@@ -210,6 +211,18 @@ def run_command(args: argparse.Namespace) -> int:
 
     with world.session(device or torch.device("cpu")), locked_out(out, args, world):
         return _checked_run(args, settings, device, out, world)
+
+
+def check_weight_dtype(dtype: str, device: Any) -> None:
+    """Refuse ``--dtype float16`` on the CPU: its attention overflows there and leaves NaN cells."""
+    import torch
+
+    on_cpu = torch.device(device).type == "cpu" if device is not None else not torch.cuda.is_available()
+    if dtype == "float16" and on_cpu:
+        raise TLGeometryError(
+            "--dtype float16 on the CPU leaves NaN cells in the tables (local_error_ren): use --dtype float32 "
+            "(the default), or float16 on a GPU (--device cuda)"
+        )
 
 
 def _checked_run(args: argparse.Namespace, settings: Any, device: Any, out: Path, world: Any) -> int:
@@ -389,6 +402,7 @@ __all__ = [
     "add_parser",
     "add_settings_options",
     "check_before_load",
+    "check_weight_dtype",
     "run_command",
     "settings_from_args",
 ]

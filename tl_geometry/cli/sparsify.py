@@ -30,6 +30,7 @@ from tl_geometry.cli.common import (
     check_window_options,
     corpus_from_args,
     load_model_and_claim,
+    named_option,
     out_path,
     parse_ints,
     parse_names,
@@ -112,7 +113,8 @@ def _options(args: argparse.Namespace) -> dict:
     if not math.isfinite(args.tolerance) or args.tolerance < 0:
         raise TLGeometryError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
     check_tolerance(args.tolerance)
-    check_n(args.local_n)
+    with named_option("--local-n"):
+        check_n(args.local_n)
     flags = {"both": (False, True), "deletion": (False,), "renormalize": (True,)}[args.renormalize]
     rankings = check_rankings(parse_names(args.rank_by) or [""])
     return {"ns": ns, "rank_by": rankings, "renormalize": flags}

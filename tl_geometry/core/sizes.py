@@ -70,7 +70,12 @@ def resolve_ns(ns: NsLike, n_keys: int, device: torch.device | str = "cpu") -> I
         if ns == "log":
             return torch.tensor(log_spaced_ns(n_keys), dtype=torch.int64, device=device)
         raise InputError(f"ns={ns!r} is not understood: use None/'all' (every N), 'log', or a list of ints")
-    values = torch.as_tensor(np.asarray(ns) if not isinstance(ns, Tensor) else ns, device=device)
+    try:
+        values = torch.as_tensor(np.asarray(ns) if not isinstance(ns, Tensor) else ns, device=device)
+    except (TypeError, ValueError, OverflowError, RuntimeError):  # 10**30, ragged or mixed lists
+        raise InputError(
+            f"ns must be a 1-D list of selection sizes (integers below 2**63), got {str(ns)[:80]}"
+        ) from None
     if values.ndim != 1 or values.numel() == 0:
         raise InputError(f"ns must be a non-empty 1-D list of selection sizes, got shape {tuple(values.shape)}")
     if values.is_floating_point() or values.dtype == torch.bool:
