@@ -97,16 +97,11 @@ def corpus_from_args(args: argparse.Namespace) -> Any:
     checked too (a path that does not exist), all before any model is loaded."""
     from tl_geometry import corpus
     from tl_geometry.core.budget import memory_budget
-    from tl_geometry.models import check_model_name, model_shape
+    from tl_geometry.models import check_model_name
 
     check_model_name(args.model)
     memory_budget()  # a TL_GEOMETRY_MEMORY_BUDGET that is not a size is refused now, not after the load
-    shape = model_shape(args.model)
-    if shape is not None and args.seq_len > shape.n_ctx:
-        raise TLGeometryError(
-            f"--seq-len {args.seq_len} is longer than the context of {args.model} ({shape.n_ctx} tokens): "
-            f"use --seq-len <= {shape.n_ctx}"
-        )
+    check_context_length(args.model, args.seq_len, "--seq-len")
     if args.dataset:
         return corpus.from_dataset(args.dataset, n_seqs=args.n_seqs, seq_len=args.seq_len)
     if args.corpus == "python-docs":
@@ -117,6 +112,18 @@ def corpus_from_args(args: argparse.Namespace) -> Any:
         raise type(exc)(str(exc).replace(f", or pass {corpus.ENCODING_HINT}", " (--corpus must be UTF-8)")) from None
     check_corpus_size(args.corpus, args.n_seqs, args.seq_len)
     return texts
+
+
+def check_context_length(model: str, length: int, flag: str) -> None:
+    """Refuse, before the model loads, a window of ``length`` tokens beyond the context of ``model``
+    (read from its configuration; nothing is refused when that cannot be read here)."""
+    from tl_geometry.models import model_shape
+
+    shape = model_shape(model)
+    if shape is not None and length > shape.n_ctx:
+        raise TLGeometryError(
+            f"{flag} {length} is longer than the context of {model} ({shape.n_ctx} tokens): use {flag} <= {shape.n_ctx}"
+        )
 
 
 def check_corpus_size(paths: Any, n_seqs: int | None, seq_len: int) -> None:

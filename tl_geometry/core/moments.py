@@ -9,8 +9,9 @@ et al.'s parallel update::
     mean = mean_a + delta n_b / n    M2 = M2_a + M2_b + delta^2 n_a n_b / n
 
 Every term of ``M2`` is non-negative, so one process, any batching, any resume and any number of
-ranks agree to rounding: a standard deviation to about ``eps |mean| / std`` relative (``1e-12``
-for a spread down to ``1e-4`` of the mean; equal values give exactly 0), where sums of squares
+ranks agree to rounding: a standard deviation to about ``eps |mean|`` absolute, ``eps |mean| / std``
+relative (``1e-12`` for a spread down to ``1e-4`` of the mean; a spread within
+:data:`ROUNDING_SPREAD` of the mean, equal values included, is exactly 0), where sums of squares
 (``E[x^2] - E[x]^2``) lose ``eps (mean / std)^2``, all of it below a spread of ``1e-8`` of the
 mean. Derivation: docs/architecture.md ("Exact merges").
 
@@ -33,6 +34,10 @@ from torch import Tensor
 
 #: The dtype of every state.
 MOMENTS_DTYPE = torch.float64
+#: A standard deviation at most this fraction of its mean (256 units in the last place of float64)
+#: is reported as exactly 0: below it the merges' rounding (about ``eps |mean|``) is a large part
+#: of the value, so that one process and torchrun would give different numbers for no spread.
+ROUNDING_SPREAD = 2.0**-44
 
 
 @dataclass(frozen=True)
@@ -105,8 +110,12 @@ class Moments:
         return Moments(n, mean, self.m2.sum(dim) + spread)
 
     def std(self) -> Tensor:
-        """Population standard deviation ``sqrt(M2 / n)``; NaN where ``n = 0``."""
-        return torch.where(self.count > 0, (self.m2 / self.count.clamp_min(1)).sqrt(), torch.nan)
+        """Population standard deviation ``sqrt(M2 / n)``; NaN where ``n = 0``; exactly 0 where it is
+        at most :data:`ROUNDING_SPREAD` of the mean (a spread of a few units in the last place:
+        the rounding of the values and of the merges, which differs with the order of the merges)."""
+        std = (self.m2 / self.count.clamp_min(1)).sqrt()
+        std = torch.where(std <= ROUNDING_SPREAD * self.mean.abs(), 0.0, std)
+        return torch.where(self.count > 0, std, torch.nan)
 
     def mean_or_nan(self) -> Tensor:
         """The mean; NaN where ``n = 0``."""
@@ -122,4 +131,4 @@ class Moments:
         return cls(*(state[k].to(MOMENTS_DTYPE).clone() for k in ("count", "mean", "m2")))
 
 
-__all__ = ["MOMENTS_DTYPE", "Moments"]
+__all__ = ["MOMENTS_DTYPE", "ROUNDING_SPREAD", "Moments"]
