@@ -110,7 +110,7 @@ PADDED_TEXTS = ["Hello world.", "The quick brown fox jumps over the lazy dog her
 
 def padded_cache(model, side: str, with_mask: bool = True):
     """``model.to_tokens(PADDED_TEXTS)`` padded on ``side``, its mask and its cache (made with the mask or not)."""
-    from transformer_lens.utilities.tokenize_utils import get_attention_mask
+    from transformer_lens.utilities import get_attention_mask  # the function MASK_ADVICE names
 
     tokens = model.to_tokens(PADDED_TEXTS, padding_side=side)
     mask = get_attention_mask(model.tokenizer, tokens, prepend_bos=True, padding_side=side)

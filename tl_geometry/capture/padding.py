@@ -1,7 +1,7 @@
 """Padded token batches: where each row's real tokens lie, from an attention mask or the pad token.
 
 ``model.to_tokens(["short text", "a longer text ..."])`` pads the shorter rows (on the right by
-default, before the BOS with ``padding_side="left"``) and ``transformer_lens.utils.get_attention_mask``
+default, before the BOS with ``padding_side="left"``) and ``transformer_lens.utilities.get_attention_mask``
 gives the mask of the real tokens (1) and the pads (0). A padded row measured as it stands takes a
 pad for its last query (right padding) or pads for keys (left padding); :func:`real_spans`
 reads each row's real tokens from the mask so they can be measured alone, and
@@ -23,7 +23,7 @@ from torch import Tensor
 from tl_geometry.errors import InputError
 
 #: How to make the mask of ``model.to_tokens(texts)``, for the error messages.
-MASK_ADVICE = "attention_mask=transformer_lens.utils.get_attention_mask(model.tokenizer, tokens, prepend_bos=True)"
+MASK_ADVICE = "attention_mask=transformer_lens.utilities.get_attention_mask(model.tokenizer, tokens, prepend_bos=True)"
 
 
 def real_spans(attention_mask: Any, shape: tuple[int, int] | None = None) -> tuple[tuple[int, int], ...]:

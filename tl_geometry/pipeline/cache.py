@@ -8,7 +8,7 @@ rounding. Settings are ``analyze``'s; its keywords about running the model (``ou
 ``resume``, ``device``) are refused by name.
 
 A padded batch (``model.to_tokens(texts)`` pads the shorter texts) is measured over each row's
-real tokens given ``attention_mask=`` (TransformerLens' ``utils.get_attention_mask``): its query
+real tokens given ``attention_mask=`` (``transformer_lens.utilities.get_attention_mask``): its query
 positions count from the row's first real token and ``"last"`` is its last real token. Pads
 found in ``tokens`` without a mask are refused, as is a cache whose real tokens attended to pads
 (made without the mask).
@@ -83,7 +83,7 @@ def analyze_cache(
         As for :func:`tl_geometry.analyze`; a setting also given as a keyword replaces that field.
     {settings}
     attention_mask : int or bool tensor [n_seqs, seq_len], optional
-        For a padded batch: 1 for a real token, 0 for a pad (as ``utils.get_attention_mask`` gives
+        For a padded batch: 1 for a real token, 0 for a pad (as ``transformer_lens.utilities.get_attention_mask`` gives
         it, and as given to ``run_with_cache(tokens, attention_mask=...)``). Each row is measured
         over its real tokens alone; ``diagnostics`` needs rows of one length and is refused.
     progress : bool, default False
