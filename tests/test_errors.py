@@ -112,3 +112,23 @@ def test_from_tokens_refuses_what_is_not_a_token_array(tokens) -> None:
 def test_sizes_that_are_not_a_list_of_ints_are_one_error(ns) -> None:
     with pytest.raises(tlg.InputError, match=r"ns must be a 1-D list of selection sizes"):
         tlg.separability(torch.full((2, 4), 0.25), torch.randn(2, 4, 3), ns=ns)
+
+
+def test_an_offline_load_names_every_embedded_model(monkeypatch) -> None:
+    """Issue 47: the advice ended "use the embedded 'smollm2-135m', or ;" in a user's sweep."""
+    import tl_geometry.models as models
+
+    class Offline:
+        @staticmethod
+        def boot_transformers(*args, **kwargs):
+            raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+
+    monkeypatch.setattr(models, "_bridge_class", lambda: Offline)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(tlg.ModelError) as error:
+        tlg.load_model("some-org/some-model")
+    names = " or ".join(repr(name) for name in models.EMBEDDED_MODELS)
+    assert f"use an embedded model ({names}), a local folder, or a model you built yourself (OSError" in str(
+        error.value
+    )
+    assert "gemma3-270m" in names and "smollm2-135m" in names

@@ -47,6 +47,8 @@ GEMMA3_WHEELS = " ".join(
 )
 GEMMA3_HF_NAME = "google/gemma-3-270m"
 _GEMMA3_ALIASES = {"gemma3-270m", "gemma-3-270m", "gemma3"}
+#: The models that load offline, by the names the messages give.
+EMBEDDED_MODELS = (DEFAULT_MODEL, GEMMA3_MODEL)
 
 
 def hook_v_name(layer: int) -> str:
@@ -138,9 +140,10 @@ SMOLLM2_SHAPE = ModelShape(n_layers=30, n_heads=9, n_ctx=8192, d_vocab=49152)
 def model_shape(name: str) -> ModelShape | None:
     """The shape of the model ``name`` from its configuration alone, or None where it cannot be read here.
 
-    The embedded model's is known; any other name is read with ``transformers.AutoConfig`` from a
-    local folder or the local Hugging Face cache, never the network. None (a name not cached, a
-    configuration without these fields) leaves the checks to the loaded model.
+    SmolLM2's is known; Gemma 3's is read from its converted copy once a first load has made it;
+    any other name is read with ``transformers.AutoConfig`` from a local folder or the local
+    Hugging Face cache, never the network. None (a name not cached, Gemma before its first load,
+    a configuration without these fields) leaves the checks to the loaded model.
     """
     name = name.strip()
     if name.lower() in _SMOLLM2_ALIASES:
@@ -148,7 +151,13 @@ def model_shape(name: str) -> ModelShape | None:
     try:
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(str(Path(name).expanduser()), local_files_only=True)
+        source = str(Path(name).expanduser())
+        if name.lower() in _GEMMA3_ALIASES:
+            converted = cache_dir() / f"gemma3-270m-{str(gemma3_package().EXPECTED_SHA256)[:16]}"
+            if not (converted / "converted.json").is_file():
+                return None
+            source = str(converted)
+        config = AutoConfig.from_pretrained(source, local_files_only=True)
         config = config.get_text_config() if hasattr(config, "get_text_config") else config
     except Exception:  # noqa: BLE001 - any failure to read leaves the checks to the loaded model
         return None
@@ -463,8 +472,8 @@ def load_model(
     except (OSError, ValueError, KeyError, ImportError) as exc:
         offline = os.environ.get("HF_HUB_OFFLINE") == "1" or "connect" in str(exc).lower()
         hint = (
-            "this machine cannot reach the Hugging Face Hub; use the embedded 'smollm2-135m', "
-            "or pass a model you built yourself"
+            "this machine cannot reach the Hugging Face Hub; use an embedded model "
+            f"({' or '.join(repr(m) for m in EMBEDDED_MODELS)}), a local folder, or a model you built yourself"
             if offline
             else "check the name against TransformerLens' supported models"
         )

@@ -165,7 +165,7 @@ def check_padded(
         )
     for row, (_, length) in enumerate(spans):
         try:
-            settings.resolve(n_layers, length)
+            settings.resolve(n_layers, length, cached.info().sliding_windows)
         except InputError as error:
             raise InputError(f"row {row} of the padded batch has {length} real tokens: {error}") from None
     for layer in layers:

@@ -201,7 +201,7 @@ def feed(
     if plan.cached is not None:
 
         def queries_of_length(length: int) -> tuple[int, ...]:  # a padded cache's rows of ``length`` real tokens
-            return plan.settings.resolve(plan.info.n_layers, length)[1]
+            return plan.settings.resolve(plan.info.n_layers, length, plan.info.sliding_windows)[1]
 
         run_cached(plan.cached, plan.info, ids, plan.layers, plan.queries, observers, on_layer_time, queries_of_length)
         return
