@@ -13,7 +13,14 @@ bfloat16), and prints, for ``--n-seqs`` x ``--seq-len`` random tokens (default 1
 Random weights give other attention patterns than a trained model, so these are timings of the
 machinery, not findings. Each model's numbers come from one process, one after the other.
 
+``--kernel`` is passed to the analysis: on a GPU every kernel runs the batched route
+(docs/engine.md, "Which route runs where"); on the CPU ``--kernel torch`` measures that route where
+it is built and ``--kernel numba`` (or ``auto``) the compiled screen. ``--sync-debug`` makes any
+synchronising CUDA call inside the analysis an error (``torch.cuda.set_sync_debug_mode``).
+
 Run:  python benchmarks/bench_gpu.py --device cuda [--shapes smollm2,7b] [--layers 4]
+      python benchmarks/bench_gpu.py --device cpu --kernel torch --shapes smollm2 --layers 2 --seq-len 256 --query-len 64
+(``benchmarks/gpu_check.sh`` runs the CUDA tests and this benchmark in one call.)
 """
 
 from __future__ import annotations
@@ -63,20 +70,24 @@ def main() -> None:
     parser.add_argument("--n-seqs", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--query-len", type=int, default=512, help="tokens of the every-query job (0: skip it)")
+    parser.add_argument("--kernel", default="auto", choices=["auto", "numba", "torch"], help="the analysis' kernel")
     args = parser.parse_args()
 
     import tl_geometry as tlg
 
     dtype = getattr(torch, args.dtype)
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
-    print(f"{name}, torch {torch.__version__}, model dtype {args.dtype}, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"{name}, torch {torch.__version__}, model dtype {args.dtype}, kernel {args.kernel}, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     for shape in args.shapes.split(","):
         start = time.perf_counter()
         model = random_llama(shape, args.layers, args.device, dtype)
         n_layers = model.cfg.n_layers
         print(f"{shape}: {n_layers} layers, d_model {model.cfg.d_model}, built in {time.perf_counter() - start:.1f} s")
         tokens = torch.randint(3, 259, (args.n_seqs, args.seq_len), generator=torch.Generator().manual_seed(0))
-        main_job = dict(diagnostics=True, bounds=True, taxonomy=True, ns="log", progress=False)
+        main_job = dict(diagnostics=True, bounds=True, taxonomy=True, ns="log", progress=False, kernel=args.kernel)
         tlg.analyze(model, tokens[:, :64], **main_job)  # numba's kernels and the CUDA context, untimed
         forward = forward_seconds(model, tokens, batch_size=args.n_seqs, repeats=3)
         result = tlg.analyze(model, tokens, batch_size=args.n_seqs, **main_job)
@@ -89,7 +100,9 @@ def main() -> None:
         if args.query_len:
             short = tokens[:1, : args.query_len]
             forward = forward_seconds(model, short, repeats=3)
-            result = tlg.analyze(model, short, ns="log", query_positions="all", taxonomy=False, progress=False)
+            result = tlg.analyze(
+                model, short, ns="log", query_positions="all", taxonomy=False, progress=False, kernel=args.kernel
+            )
             analysis = result.timings["analysis_s"]
             print(
                 f"  every query position, 1 x {args.query_len}: analysis {analysis:.2f} s / forward {forward:.3f} s "

@@ -103,8 +103,7 @@ def main() -> None:
     allocator = allocator_line(args.keep_freed_memory)
 
     torch.set_num_threads(args.threads)  # after the import: a count the package takes as the user's
-    from tl_geometry.capture import observers
-    from tl_geometry.core import query_engine
+    from tl_geometry.core import dispatch, query_engine
 
     @contextmanager
     def screen_dtype(screen: torch.dtype, gram: bool) -> Iterator[None]:
@@ -162,12 +161,12 @@ def main() -> None:
         return
     positions = slice(args.stride - 1, None, args.stride)
     engine, _ = analysis_seconds(model, tokens, query_positions=positions)
-    minimum = observers.MIN_QUERIES_FOR_BLOCKS
-    observers.MIN_QUERIES_FOR_BLOCKS = 1 << 62  # one position at a time, as before the query engine
+    minimum = dispatch.MIN_QUERIES_FOR_BLOCKS
+    dispatch.MIN_QUERIES_FOR_BLOCKS = 1 << 62  # one position at a time, as before the query engine
     try:
         old, rows = analysis_seconds(model, tokens, query_positions=positions)
     finally:
-        observers.MIN_QUERIES_FOR_BLOCKS = minimum
+        dispatch.MIN_QUERIES_FOR_BLOCKS = minimum
     print(f"every {args.stride}th query, float64: one position at a time {old:.2f}s / query engine {engine:.2f}s = "
           f"{old / engine:.1f}x  (forward ratios {old / forward:.2f} and {engine / forward:.2f}, {rows} rows)")  # fmt: skip
     print(f"load average at the end {os.getloadavg()[0]:.1f}")

@@ -19,6 +19,7 @@ from reference import row_metrics
 
 import tl_geometry as tlg
 from tl_geometry.capture import observers
+from tl_geometry.core import dispatch
 from tl_geometry.core.query_engine import SCREEN_DTYPE, separability_queries
 from tl_geometry.core.rankings import row_keys
 from tl_geometry.core.sizes import resolve_ns
@@ -282,12 +283,12 @@ def per_row_and_blocks(llama_bridge):
     kw = dict(query_positions="all", rank_by=("attention", "random", "contribution"), n_random=2, batch_size=2,
               taxonomy=False, progress=False)  # fmt: skip
     blocks = tlg.analyze(llama_bridge, corpus, **kw).separability
-    minimum = observers.MIN_QUERIES_FOR_BLOCKS
-    observers.MIN_QUERIES_FOR_BLOCKS = 1 << 62
+    minimum = dispatch.MIN_QUERIES_FOR_BLOCKS
+    dispatch.MIN_QUERIES_FOR_BLOCKS = 1 << 62
     try:
         rows = tlg.analyze(llama_bridge, corpus, **kw).separability
     finally:
-        observers.MIN_QUERIES_FOR_BLOCKS = minimum
+        dispatch.MIN_QUERIES_FOR_BLOCKS = minimum
     return blocks, rows
 
 
@@ -324,13 +325,13 @@ def test_observer_rows_in_key_order_whichever_engine() -> None:
     batch = LayerBatch(0, torch.tensor([4, 9]), tuple(range(6)), weights.float(), values.float())
     tables = []
     for minimum in (2, 1 << 62):
-        observers.MIN_QUERIES_FOR_BLOCKS, before = minimum, observers.MIN_QUERIES_FOR_BLOCKS
+        dispatch.MIN_QUERIES_FOR_BLOCKS, before = minimum, dispatch.MIN_QUERIES_FOR_BLOCKS
         try:
             obs = observers.SeparabilityObserver(info, "all", rank_by=("random", "attention"), n_random=2)
             obs.observe(batch)
             tables.append(obs.take())
         finally:
-            observers.MIN_QUERIES_FOR_BLOCKS = before
+            dispatch.MIN_QUERIES_FOR_BLOCKS = before
     pd.testing.assert_frame_equal(tables[0], tables[1], rtol=1e-12, atol=1e-15)
     rank = {"random": 0, "attention": 1}
     keys = [

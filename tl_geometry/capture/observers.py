@@ -33,6 +33,7 @@ from torch import Tensor
 import tl_geometry.core.metrics as core_metrics
 from tl_geometry.capture.hooks import LayerBatch
 from tl_geometry.capture.tables import KEY_COLUMNS, empty_table, head_rows_table, query_rows_table
+from tl_geometry.core.dispatch import blocks_of_queries
 from tl_geometry.core.layouts import values_per_head
 from tl_geometry.core.query_engine import separability_queries
 from tl_geometry.core.rankings import (
@@ -56,11 +57,6 @@ LOCAL_ERROR_METRICS = core_metrics.LOCAL_ERROR_METRICS
 SEPARABILITY_COLUMNS = ["rank_by", *SEPARABILITY_METRICS, *LOCAL_ERROR_METRICS, "distance", "n_draws"]
 
 _ROW_STATE_VERSION = 1
-
-#: From this many query positions per layer on, :class:`SeparabilityObserver` computes them all at
-#: once with :func:`tl_geometry.core.query_engine.separability_queries` (same rows, faster); fewer go
-#: through :func:`tl_geometry.core.separability` one position at a time.
-MIN_QUERIES_FOR_BLOCKS = 2
 
 
 @runtime_checkable
@@ -189,10 +185,9 @@ class SeparabilityObserver(RowMetricsObserver):
     seed : int, default 0
         Seed of the random control.
     kernel : "auto", "numba" or "torch", default "auto"
-        How the screen runs on the CPU, for many query positions
-        (:func:`~tl_geometry.core.query_engine.separability_queries`) and for one
-        (:func:`~tl_geometry.core.separability.separability`): the compiled numba passes where
-        numba imports (``"auto"``), or one of the two by name. The rows are the same.
+        The separability route, passed to the engine unchanged (:func:`tl_geometry.core.dispatch.route`
+        decides): the compiled numba screen on the CPU where numba imports (``"auto"``), or the
+        batched tensor route (``"torch"``; always on a GPU). The rows are the same.
 
     Examples
     --------
@@ -243,7 +238,7 @@ class SeparabilityObserver(RowMetricsObserver):
     def observe(self, batch: LayerBatch) -> None:
         """Add the rows of one layer of one forward pass, one block per ranking.
 
-        Many query positions (at least :data:`MIN_QUERIES_FOR_BLOCKS`) are computed together by
+        Many query positions (:func:`tl_geometry.core.dispatch.blocks_of_queries`) are computed together by
         :func:`tl_geometry.core.query_engine.separability_queries`; the rows are the same, in the same
         order: the key order of the results (per sequence, head and query position: per ranking and
         ``N``), so that the final sort of millions of rows finds them in order.
@@ -255,7 +250,7 @@ class SeparabilityObserver(RowMetricsObserver):
         cut = [qi for qi, first in enumerate(firsts) if first > 0]
         whole = [qi for qi, first in enumerate(firsts) if first == 0]
         tables = []
-        if len(whole) >= MIN_QUERIES_FOR_BLOCKS:
+        if blocks_of_queries(len(whole)):
             tables.extend(self._query_tables(batch, whole))
         else:
             cut = sorted(cut + whole)
@@ -282,8 +277,7 @@ class SeparabilityObserver(RowMetricsObserver):
                 n_random=self.n_random,
                 seed=self.seed,
                 row_keys=keys.to(weights.device),
-                dtype=self.dtype,
-                kernel=None if self.kernel == "auto" else self.kernel,
+                kernel=self.kernel,
             )
             for res in results.values():
                 tables.append(head_rows_table(batch, q, res.ns, self.kv_head_of, self._columns(res)))
@@ -320,8 +314,7 @@ class SeparabilityObserver(RowMetricsObserver):
                 n_random=self.n_random,
                 seed=self.seed,
                 row_keys=keys.to(batch.weights.device),
-                dtype=self.dtype,
-                kernel=None if self.kernel == "auto" else self.kernel,
+                kernel=self.kernel,
             )
             queries, columns = batch.query_positions, self._columns(res)
             tables.append(
@@ -353,7 +346,6 @@ __all__ = [
     "RowMetricsObserver",
     "RowObserver",
     "LOCAL_ERROR_METRICS",
-    "MIN_QUERIES_FOR_BLOCKS",
     "SEPARABILITY_COLUMNS",
     "SEPARABILITY_METRICS",
     "SeparabilityObserver",

@@ -32,54 +32,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tl_geometry.errors import InputError
+# whether numba imports and the compiled-or-torch choice: one copy, in dispatch.py
+from tl_geometry.core.dispatch import AVAILABLE, use_compiled
 
-try:  # numba is a dependency; a broken install falls back to the torch screen
+if AVAILABLE:
     import numba
-except ImportError:  # pragma: no cover - exercised where numba is missing
-    numba = None  # type: ignore[assignment]
-
-#: Whether the compiled kernel can run here (numba importable).
-AVAILABLE = numba is not None
-
-#: The kernels both engines accept (:func:`tl_geometry.core.query_engine.separability_queries`,
-#: :func:`tl_geometry.separability`).
-KERNELS = ("numba", "torch")
-
-#: The kernel when none is given: the compiled passes where numba imports, else torch.
-DEFAULT_KERNEL = "numba" if AVAILABLE else "torch"
-
-
-def check_kernel(kernel: str | None) -> str:
-    """``kernel``, or :data:`DEFAULT_KERNEL` for None; one of :data:`KERNELS` that can run here.
-
-    >>> check_kernel("torch")
-    'torch'
-    """
-    kernel = DEFAULT_KERNEL if kernel is None else kernel
-    if kernel not in KERNELS:
-        raise InputError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    if kernel == "numba" and not AVAILABLE:
-        raise InputError("kernel='numba' needs numba (pip install numba); use kernel='torch'")
-    return kernel
-
-
-def use_compiled(compiled: bool | None, x: Tensor, *, float64: bool = False, reference: str = "torch") -> bool:
-    """Whether a function with a compiled (numba) path and a torch one takes the compiled path for ``x``.
-
-    ``compiled`` None: where numba imports and ``x`` is a CPU tensor (of float64 where ``float64``).
-    True where that cannot run raises :class:`InputError` naming the ``reference`` to use instead.
-
-    >>> use_compiled(False, torch.zeros(1)), use_compiled(None, torch.zeros(1, dtype=torch.float32), float64=True)
-    (False, False)
-    """
-    runs_here = AVAILABLE and x.device.type == "cpu" and (x.dtype == torch.float64 or not float64)
-    if compiled is None:
-        return runs_here
-    if compiled and not runs_here:
-        tensors = "float64 CPU tensors" if float64 else "a CPU tensor"
-        raise InputError(f"compiled=True needs numba and {tensors}; use compiled=False ({reference})")
-    return compiled
 
 
 def _row_terms(w, v_norm, coef, one, given, sq, w2, cy2, cy):  # pragma: no cover - compiled
@@ -823,17 +780,14 @@ def _within(dist: Tensor, where: Tensor, kinds: Tensor, kind: int, radius: Tenso
 
 __all__ = [
     "AVAILABLE",
-    "DEFAULT_KERNEL",
     "DISTANCE_CHUNK_BYTES",
     "GRAM_ROUNDING",
-    "KERNELS",
     "KIND_R_MAX",
     "KIND_R_MIN",
     "KIND_WITHIN_R_MAX",
     "KIND_WITHIN_R_MIN",
     "ListedCells",
     "cell_coordinates",
-    "check_kernel",
     "distances",
     "gram_running_sums",
     "gram_screen_counts",

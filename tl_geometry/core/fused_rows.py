@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-# whether numba imports, the kernels' names and the default: one copy, in fused.py
-from tl_geometry.core.fused import AVAILABLE, DEFAULT_KERNEL, KERNELS
+# whether numba imports: one copy, in dispatch.py
+from tl_geometry.core.dispatch import AVAILABLE
 
 if AVAILABLE:  # a broken install falls back to the torch decisions
     import numba
@@ -447,8 +447,6 @@ def counts(
 
 __all__ = [
     "AVAILABLE",
-    "DEFAULT_KERNEL",
-    "KERNELS",
     "contributions_at",
     "counts",
     "extremes",

@@ -88,5 +88,5 @@ def local_errors(z: Tensor, centers: Tensor, mass: Tensor, work: Tensor | None =
     else:
         renormalised = z - centers / mass[..., None]
     renormalised = torch.linalg.vector_norm(renormalised, dim=-1) / z_norm
-    nan = torch.tensor(torch.nan, dtype=torch.float64, device=z.device)
+    nan = z_norm.new_full((), torch.nan, dtype=torch.float64)  # a fill on the device, no copy from the host
     return torch.where(z_norm > 0, deletion, nan), torch.where((z_norm > 0) & (mass > 0), renormalised, nan)

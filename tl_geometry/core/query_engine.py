@@ -41,7 +41,9 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_geometry.core import fused
+from tl_geometry.core.batched import layer_metrics
 from tl_geometry.core.checks import check_row_inputs, typechecked
+from tl_geometry.core.dispatch import route
 from tl_geometry.core.metrics import COMPUTED_METRICS, METRICS, SeparabilityMetrics
 from tl_geometry.core.numerics import cosine_distance, local_errors, pow2, times_pow2
 from tl_geometry.core.rankings import (
@@ -137,7 +139,6 @@ def separability_queries(
     n_random: int = DEFAULT_N_RANDOM,
     seed: int = 0,
     row_keys: Int[Tensor, "batch head query"] | None = None,
-    dtype: torch.dtype = torch.float64,
     block_cells: int = DEFAULT_BLOCK_CELLS,
     kernel: str | None = None,
     screen: torch.dtype | None = None,
@@ -160,20 +161,16 @@ def separability_queries(
         ``q`` of each query row, ``0 <= q < key``.
     kv_head_of : [head] int64
         The key/value head of each query head (definitions §1).
-    ns, rank_by, distance, n_random, seed, dtype : as for :func:`tl_geometry.core.separability`
-        (every count and radius is that of float64 distances, whatever ``dtype``).
+    ns, rank_by, distance, n_random, seed, kernel : as for :func:`tl_geometry.core.separability`
+        (every count and radius is that of float64 distances, whatever the inputs' dtype).
     row_keys : [batch, head, query] int64, optional
         Keys of the rows for ``rank_by="random"`` (:func:`tl_geometry.core.rankings.row_keys`).
     block_cells : int
         Working-set size of one block (rows x keys x (sizes + d); on the Gram route rows x
         (``GRAM_ROW_CELLS`` keys + sizes d)); a tuning knob only.
-    kernel : {"numba", "torch"}, optional
-        How the screen runs on the CPU: one compiled pass over the keys (``"numba"``, the default
-        where numba imports) or tensor operations (``"torch"``, the reference; always on a GPU).
-        Both give the same counts and bit-identical radii.
     screen : {torch.float32, torch.float64}, optional
         The dtype of the screen's product and bounds: :data:`SCREEN_DTYPE` (float32) by default, as
-        the per-row engine screens; float64 only to compare. The keys the screen cannot call are
+        the per-row engine screens; float64 only to compare (the compiled route). The keys the screen cannot call are
         decided in float64 either way, so every metric is the same, bit for bit.
     products : {"auto", "values", "gram"}
         How the inner products ``<v_i, s(N)>`` of the screen are formed (:data:`PRODUCTS`): one
@@ -203,15 +200,16 @@ def separability_queries(
         raise InputError(f"kv_head_of must give one key/value head in 0..{values.shape[2] - 1} per query head")
     if row_keys is not None and tuple(row_keys.shape) != (n_batch, n_heads, n_queries):
         raise InputError(f"row_keys must have shape {(n_batch, n_heads, n_queries)}, one key per row")
-    kernel = fused.check_kernel(kernel)
+    path = route(weights.device, kernel)
     screen = SCREEN_DTYPE if screen is None else screen
     if screen not in (torch.float32, torch.float64):
         raise InputError(f"screen must be torch.float32 or torch.float64, got {screen}")
     if products not in PRODUCTS:
         raise InputError(f"products must be one of {PRODUCTS}, got {products!r}")
-    if weights.device.type != "cpu":
-        kernel = "torch"  # the compiled pass is a CPU kernel
-    if kernel != "numba" or distance != "euclidean":
+    if path == "torch":
+        return _batched(weights, values, queries, kv_head_of, ns, rank_by, distance, n_random, seed, row_keys)
+    kernel = "numba"
+    if distance != "euclidean":
         products = "values"  # the Gram route is a part of the compiled Euclidean pass
     with _block_threads(weights.device) as workers:  # see _solve_all
         return _compute(
@@ -231,6 +229,62 @@ def separability_queries(
             kernel,
             products,
         )
+
+
+def _batched(
+    weights: Tensor,
+    values: Tensor,
+    queries: tuple[int, ...],
+    kv_head_of: Tensor,
+    ns: NsLike,
+    rank_by: str,
+    distance: str,
+    n_random: int,
+    seed: int,
+    row_keys: Tensor | None,
+) -> QueryRows:
+    """:func:`separability_queries` on the batched route (:func:`tl_geometry.core.batched.layer_metrics`)."""
+    device, n_seen = weights.device, max(queries) + 1  # the keys some row sees
+    weights, values = weights[..., :n_seen], values[:, :n_seen]
+    q_t = torch.tensor(queries, dtype=torch.int64, device=device)
+    check_row_inputs(torch.where(torch.arange(n_seen, device=device) <= q_t[:, None], weights, 0), values)
+    grid = _Grid.of(ns, queries, device)
+    n_draws = n_random if rank_by == "random" else 1
+    out = layer_metrics(
+        weights,
+        values,
+        kv_head_of,
+        q_t + 1,
+        grid.ns,
+        rank_by=rank_by,
+        distance=distance,
+        n_draws=n_draws,
+        seed=seed,
+        row_keys=row_keys,
+    )
+    return _query_rows(out, grid, queries, rank_by, distance, n_draws)
+
+
+def _query_rows(
+    out: dict[str, Tensor], grid: "_Grid", queries: tuple[int, ...], rank_by: str, distance: str, n_draws: int
+) -> QueryRows:
+    """The per-draw metrics ``[batch, head, query, draw, size]`` as :class:`QueryRows`: the
+    F-scores of each draw, then means over the draws (definitions §7)."""
+    out["f_at_rmax"] = 2 * out["precision"] / (1 + out["precision"])
+    out["f_at_rmin"] = 2 * out["recall"] / (1 + out["recall"])
+    nan = grid.ns.new_full((), torch.nan, dtype=torch.float64)  # a fill on the device, no copy from the host
+    metrics = {
+        name: torch.where(grid.valid, x[:, :, :, 0] if n_draws == 1 else x.mean(dim=3), nan) for name, x in out.items()
+    }
+    return QueryRows(
+        query_positions=queries,
+        ns=torch.where(grid.valid, grid.ns, 0),
+        valid=grid.valid,
+        **{name: metrics[name] for name in METRICS},
+        rank_by=rank_by,
+        distance=distance,
+        n_draws=n_draws,
+    )
 
 
 def _compute(
@@ -292,22 +346,7 @@ def _compute(
         keys = einops.rearrange(values[:, :gram_keys], "b k g d -> (b g) k d")
         problem.gram = torch.bmm(keys, keys.mT).to(gram_dtype).numpy()  # float64, then rounded once
     _solve_all(problem, blocks, out, workers)
-    # the F-scores of each draw, then means over the draws (definitions §7)
-    out["f_at_rmax"] = 2 * out["precision"] / (1 + out["precision"])
-    out["f_at_rmin"] = 2 * out["recall"] / (1 + out["recall"])
-    nan = torch.tensor(torch.nan, dtype=torch.float64, device=device)
-    metrics = {
-        name: torch.where(grid.valid, x[:, :, :, 0] if n_draws == 1 else x.mean(dim=3), nan) for name, x in out.items()
-    }
-    return QueryRows(
-        query_positions=queries,
-        ns=torch.where(grid.valid, grid.ns, 0),
-        valid=grid.valid,
-        **{name: metrics[name] for name in METRICS},
-        rank_by=rank_by,
-        distance=distance,
-        n_draws=n_draws,
-    )
+    return _query_rows(out, grid, queries, rank_by, distance, n_draws)
 
 
 def _takes_gram(products: str, n_keys: int, n_sizes: int, dim: int, groups: int, itemsize: int) -> bool:

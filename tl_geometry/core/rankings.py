@@ -39,7 +39,7 @@ from torch import Tensor
 
 from tl_geometry.core import stable_order
 from tl_geometry.core.checks import typechecked
-from tl_geometry.core.fused import AVAILABLE, use_compiled
+from tl_geometry.core.dispatch import AVAILABLE, use_compiled
 from tl_geometry.core.ranking_checks import (
     DEFAULT_N_RANDOM,
     DETERMINISTIC_RANKINGS,

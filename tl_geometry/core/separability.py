@@ -31,9 +31,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from tl_geometry.core.batched import layer_metrics
 from tl_geometry.core.budget import check_memory
 from tl_geometry.core.checks import check_row_inputs, typechecked
-from tl_geometry.core.fused import check_kernel
+from tl_geometry.core.dispatch import route
 from tl_geometry.core.fused_rows import scaled_values
 from tl_geometry.core.layouts import Layout, causal_rows, check_layout, pack_rows, tl_rows, values_per_head
 from tl_geometry.core.metrics import METRICS, SeparabilityMetrics
@@ -124,7 +125,6 @@ def separability(
     n_random: int = ...,
     seed: int = ...,
     row_keys: Tensor | None = ...,
-    dtype: torch.dtype = ...,
     block_bytes: int = ...,
     kernel: str | None = ...,
 ) -> Separability: ...
@@ -143,7 +143,6 @@ def separability(
     n_random: int = ...,
     seed: int = ...,
     row_keys: Tensor | None = ...,
-    dtype: torch.dtype = ...,
     block_bytes: int = ...,
     kernel: str | None = ...,
 ) -> QueryRows: ...
@@ -161,7 +160,6 @@ def separability(
     n_random: int = DEFAULT_N_RANDOM,
     seed: int = 0,
     row_keys: Tensor | None = None,
-    dtype: torch.dtype = torch.float64,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
     kernel: str | None = None,
 ) -> Separability | QueryRows:
@@ -207,16 +205,14 @@ def separability(
     row_keys : int tensor [*batch] ([batch, head, query] with ``layout="tl"``), optional
         One key per row (:func:`tl_geometry.core.rankings.row_keys`) so that a row's draws do not depend
         on its batch; default: the row's index in the flattened batch.
-    dtype : torch.dtype, default torch.float64
-        Precision of the decisions: every count and radius is that of float64 distances whatever
-        ``dtype`` (float32 or float16 give the same numbers). The engine screens in float32 and
-        decides in float64 every key too close to a threshold for float32 to call.
     block_bytes : int, default 8 MiB
         Working-set size of one block of the distance computation; a tuning knob only.
-    kernel : "numba" or "torch", optional
-        How the screen's decisions run on the CPU: ``"numba"`` (the default where numba imports)
-        in compiled passes over each block, ``"torch"`` in tensor passes (the reference, and what
-        a GPU runs). The counts and radii are the same; a speed knob only.
+    kernel : "auto", "numba" or "torch", optional
+        The route (:func:`tl_geometry.core.dispatch.route`): ``"auto"`` (None) takes the compiled
+        float32 screen with its exact float64 re-check on the CPU where numba imports (``"numba"``),
+        else the batched tensor route (``"torch"``: float64 direct distances, every row and size at
+        once; what a GPU runs). Every count and radius is that of float64 distances whatever the
+        inputs' dtype; the routes give the same counts and radii (docs/engine.md).
 
     Returns
     -------
@@ -279,7 +275,6 @@ def separability(
             n_random=n_random,
             seed=seed,
             row_keys=row_keys,
-            dtype=dtype,
             kernel=kernel,
         )
     weights, values = causal_rows(weights, values, query_positions)
@@ -292,7 +287,6 @@ def separability(
         n_random=n_random,
         seed=seed,
         row_keys=row_keys,
-        dtype=dtype,
         block_bytes=block_bytes,
         kernel=kernel,
     )
@@ -309,7 +303,6 @@ def separability_of_rows(
     n_random: int = DEFAULT_N_RANDOM,
     seed: int = 0,
     row_keys: Tensor | None = None,
-    dtype: torch.dtype = torch.float64,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
     kernel: str | None = None,
 ) -> Separability:
@@ -323,7 +316,6 @@ def separability_of_rows(
         n_random=n_random,
         seed=seed,
         row_keys=row_keys,
-        dtype=dtype,
         block_bytes=block_bytes,
         kernel=kernel,
     ).values()
@@ -341,7 +333,6 @@ def separability_rankings(
     n_random: int = DEFAULT_N_RANDOM,
     seed: int = 0,
     row_keys: Tensor | None = None,
-    dtype: torch.dtype = torch.float64,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
     kernel: str | None = None,
 ) -> dict[str, Separability]:
@@ -359,7 +350,7 @@ def separability_rankings(
     True
     """
     rankings = check_rankings(rank_by)
-    distance, kernel = check_distance(distance), check_kernel(kernel)
+    distance, path = check_distance(distance), route(weights.device, kernel)
     n_random, seed = check_n_random(n_random), check_seed(seed)
     check_row_inputs(weights, values)
     _check_row_keys(row_keys, tuple(weights.shape[:-1]))
@@ -376,7 +367,7 @@ def separability_rankings(
     w, packing = pack_rows(weights, 1)
     v, _ = pack_rows(values, 2)
     keys = None if row_keys is None else row_keys.reshape(-1).to(device=weights.device, dtype=torch.int64)
-    rows = _ScaledRows.of(w, v, compiled=kernel == "numba")
+    rows = _ScaledRows.of(w, v, compiled=True) if path == "numba" else None
 
     def unpack(x: Tensor) -> Tensor:
         mean = einops.reduce(x, "r draw n -> r n", "mean")
@@ -384,8 +375,11 @@ def separability_rankings(
 
     results = {}
     for name in rankings:
-        order = _orders(rows, name, n_draws[name], seed, keys)  # [R, draws, K]
-        metrics = _separability_rows(rows, order, ns_t, distance, dtype, block_bytes, kernel)
+        if rows is None:  # the batched route: the rows as one query of one head each
+            metrics = _batched_rows(w, v, ns_t, name, distance, n_draws[name], seed, keys)
+        else:
+            order = _orders(rows, name, n_draws[name], seed, keys)  # [R, draws, K]
+            metrics = _separability_rows(rows, order, ns_t, distance, block_bytes)
         results[name] = Separability(
             ns=ns_t,
             **{metric: unpack(x) for metric, x in metrics.items()},
@@ -427,6 +421,38 @@ class _ScaledRows:
         return self.weight_exp + self.value_exp
 
 
+def _batched_rows(
+    weights: Tensor,
+    values: Tensor,
+    ns: Tensor,
+    rank_by: str,
+    distance: str,
+    n_draws: int,
+    seed: int,
+    keys: Tensor | None,
+) -> dict[str, Tensor]:
+    """:func:`tl_geometry.core.batched.layer_metrics` on flat rows (weights [R, K], values [R, K, d]):
+    one [R, draws, G] float64 tensor per metric."""
+    n_rows, n_keys = weights.shape
+    out = layer_metrics(
+        weights[:, None, None],
+        values[:, :, None],
+        torch.zeros(1, dtype=torch.int64, device=weights.device),
+        torch.full((1,), n_keys, dtype=torch.int64, device=weights.device),
+        ns[None],
+        rank_by=rank_by,
+        distance=distance,
+        n_draws=n_draws,
+        seed=seed,
+        row_keys=None if keys is None else keys[:, None, None],
+        output_in_key_order=True,
+    )
+    out = {name: x[:, 0, 0] for name, x in out.items()}
+    out["f_at_rmax"] = 2 * out["precision"] / (1 + out["precision"])
+    out["f_at_rmin"] = 2 * out["recall"] / (1 + out["recall"])
+    return out
+
+
 def _orders(rows: _ScaledRows, rank_by: str, n_draws: int, seed: int, keys: Tensor | None) -> Tensor:
     """The selection order of every row and draw: [R, draws, K]."""
     n_rows, n_keys = rows.weights.shape
@@ -438,7 +464,7 @@ def _orders(rows: _ScaledRows, rank_by: str, n_draws: int, seed: int, keys: Tens
 
 @torch.no_grad()
 def _separability_rows(
-    rows: _ScaledRows, order: Tensor, ns: Tensor, distance: str, dtype: torch.dtype, block_bytes: int, kernel: str
+    rows: _ScaledRows, order: Tensor, ns: Tensor, distance: str, block_bytes: int
 ) -> dict[str, Tensor]:
     """The engine on flat rows and their draws (``order``: [R, draws, K]): one [R, draws, G] float64
     tensor per metric.
@@ -464,7 +490,7 @@ def _separability_rows(
         y = torch.mul(
             weights[..., None], values, out=WORKSPACE.get("contributions", values.shape, values.dtype, device)
         )
-        decided = decide(y, keys, ns, distance, cosine_eps[block], block_bytes, kernel=kernel)
+        decided = decide(y, keys, ns, distance, cosine_eps[block], block_bytes, kernel="numba")
         shape = (n_block, n_draws, ns.shape[0])
         k_out, k_in = decided.k_out.view(shape), decided.k_in.view(shape)
         out["precision"][block] = n_float / (n_float + k_out)

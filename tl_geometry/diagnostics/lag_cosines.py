@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tl_geometry.core.fused import AVAILABLE, use_compiled
+from tl_geometry.core.dispatch import AVAILABLE, use_compiled
 from tl_geometry.core.moments import Moments
 
 if AVAILABLE:  # whether numba imports is decided once, in core/fused.py

@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from tl_geometry.core.fused import AVAILABLE
+from tl_geometry.core.dispatch import AVAILABLE
 
 if AVAILABLE:  # whether numba imports is decided once, in fused.py; without it: the torch bookkeeping
     import numba

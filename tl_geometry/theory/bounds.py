@@ -26,7 +26,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.core.checks import all_finite, check_row_inputs, typechecked
-from tl_geometry.core.fused import AVAILABLE, grid_sums, use_compiled
+from tl_geometry.core.dispatch import AVAILABLE, use_compiled
+from tl_geometry.core.fused import grid_sums
 from tl_geometry.core.layouts import causal_rows, pack_rows
 from tl_geometry.core.rankings import selection_order
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns

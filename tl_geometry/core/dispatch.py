@@ -1,0 +1,112 @@
+"""Which separability route runs: the one place that decides, from the device and the kernel asked for.
+
+Two routes compute the same metrics (docs/engine.md, "Which route runs where"):
+
+* ``"numba"``: the compiled screen on the CPU (:mod:`tl_geometry.core.fused`,
+  :mod:`tl_geometry.core.fused_rows`): a float32 screen, its unsure keys re-checked in float64
+  on the host;
+* ``"torch"``: the batched device route (:mod:`tl_geometry.core.batched`): a fixed number of tensor
+  operations per layer over every head, row and size, float64 direct distances, no host reads.
+
+``kernel="auto"`` (or None) takes the compiled screen for CPU tensors where numba imports, the
+batched route elsewhere (a GPU, or no numba). Callers pass the user's ``kernel`` through unchanged;
+nothing above ``core/`` chooses a route.
+
+>>> import torch
+>>> route(torch.device("cpu"), "torch"), route(torch.device("cuda"), "auto")
+('torch', 'torch')
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tl_geometry.errors import InputError
+
+try:  # numba is a dependency; a broken install falls back to the torch route
+    import numba
+except ImportError:  # pragma: no cover - exercised where numba is missing
+    numba = None  # type: ignore[assignment]
+
+#: Whether the compiled kernels can run here (numba importable).
+AVAILABLE = numba is not None
+
+#: The kernels a caller may ask for (``tlg.separability(kernel=)``, ``tl-geometry run --kernel``).
+KERNELS = ("auto", "numba", "torch")
+
+#: The routes :func:`route` returns: the compiled CPU screen, the batched tensor route.
+ROUTES = ("numba", "torch")
+
+
+def check_kernel(kernel: str | None) -> str:
+    """``kernel`` checked (None means ``"auto"``): one of :data:`KERNELS` that can run here.
+
+    >>> check_kernel(None), check_kernel("torch")
+    ('auto', 'torch')
+    """
+    kernel = "auto" if kernel is None else kernel
+    if kernel not in KERNELS:
+        raise InputError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "numba" and not AVAILABLE:
+        raise InputError("kernel='numba' needs numba (pip install numba); use kernel='torch'")
+    return kernel
+
+
+def route(device: torch.device, kernel: str | None) -> str:
+    """The route of a separability computation on tensors of ``device``: ``"numba"`` or ``"torch"``.
+
+    ``"auto"``: the compiled screen on the CPU where numba imports, else the batched route.
+    ``"numba"`` on a GPU runs the batched route too (the compiled pass is a CPU kernel; copying a
+    layer to the host would cost more than the route itself).
+    """
+    kernel = check_kernel(kernel)
+    on_cpu = torch.device(device).type == "cpu"
+    if kernel == "torch" or not on_cpu or not AVAILABLE:
+        return "torch"
+    return "numba"
+
+
+#: From this many query positions of a layer on, they are computed together
+#: (:func:`tl_geometry.core.query_engine.separability_queries`: same rows, faster); fewer one
+#: position at a time (:func:`tl_geometry.core.separability.separability_rankings`).
+MIN_QUERIES_FOR_BLOCKS = 2
+
+
+def blocks_of_queries(n_queries: int) -> bool:
+    """Whether ``n_queries`` query positions of a layer go to the query engine together.
+
+    >>> blocks_of_queries(1), blocks_of_queries(512)
+    (False, True)
+    """
+    return n_queries >= MIN_QUERIES_FOR_BLOCKS
+
+
+def use_compiled(compiled: bool | None, x: Tensor, *, float64: bool = False, reference: str = "torch") -> bool:
+    """Whether a helper with a compiled (numba) pass and a torch one takes the compiled pass for ``x``.
+
+    ``compiled`` None: where numba imports and ``x`` is a CPU tensor (of float64 where ``float64``).
+    True where that cannot run raises :class:`InputError` naming the ``reference`` to use instead.
+
+    >>> use_compiled(False, torch.zeros(1)), use_compiled(None, torch.zeros(1, dtype=torch.float32), float64=True)
+    (False, False)
+    """
+    runs_here = AVAILABLE and x.device.type == "cpu" and (x.dtype == torch.float64 or not float64)
+    if compiled is None:
+        return runs_here
+    if compiled and not runs_here:
+        tensors = "float64 CPU tensors" if float64 else "a CPU tensor"
+        raise InputError(f"compiled=True needs numba and {tensors}; use compiled=False ({reference})")
+    return compiled
+
+
+__all__ = [
+    "AVAILABLE",
+    "KERNELS",
+    "MIN_QUERIES_FOR_BLOCKS",
+    "ROUTES",
+    "blocks_of_queries",
+    "check_kernel",
+    "route",
+    "use_compiled",
+]
