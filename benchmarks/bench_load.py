@@ -1,7 +1,7 @@
 """Steady under load: ``tl-geometry run``'s analysis / forward ratio on this machine as it is and with
 two busy processes started here, with the default threads and with one thread (issue 22).
 
-One process, as ``tl-geometry run`` starts (freed memory kept: :mod:`tl_geometry.core.allocator`;
+One process, as ``tl-geometry run`` starts (freed memory kept: :mod:`tl_geometry.runtime.allocator`;
 OpenMP's wait policy is the environment's), the model loaded once and one short analysis run
 untimed (imports, numba's kernels); then four analyses of the command line's default job
 (``CLI_PRESET``) over the same windows: as is / with ``--busy`` busy Python processes, each with
@@ -95,7 +95,7 @@ def main() -> int:
     from tl_geometry.pipeline.settings import CLI_PRESET
 
     try:  # as the command line does when it starts (a checkout from before it existed has no allocator)
-        from tl_geometry.core.allocator import keep_freed_memory
+        from tl_geometry.runtime.allocator import keep_freed_memory
     except ImportError:
         kept = False
     else:

@@ -21,7 +21,7 @@ build the tables after the last window (profile fits, regime features: ``timings
 once per run, not per window) is printed beside it.
 
 ``--keep-freed-memory`` measures both with glibc keeping freed memory, as ``tl-geometry`` runs
-(:mod:`tl_geometry.core.allocator`): the forward pass is faster there, so the ratios are higher.
+(:mod:`tl_geometry.runtime.allocator`): the forward pass is faster there, so the ratios are higher.
 
 Run:  OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_scale.py            (about 20 minutes on 2 cores)
       OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_scale.py --quick    (2 windows, no torchrun/memory)

@@ -92,17 +92,17 @@ def add_allocator_flag(parser) -> None:
     parser.add_argument(
         "--keep-freed-memory",
         action="store_true",
-        help="glibc keeps freed blocks, as tl-geometry's own process does (tl_geometry.core.allocator); "
+        help="glibc keeps freed blocks, as tl-geometry's own process does (tl_geometry.runtime.allocator); "
         "the forward pass is faster, so every ratio to it is higher",
     )
 
 
 def allocator_line(keep: bool) -> str:
-    """Keep freed memory where asked (:func:`tl_geometry.core.allocator.keep_freed_memory`); says which
+    """Keep freed memory where asked (:func:`tl_geometry.runtime.allocator.keep_freed_memory`); says which
     allocator runs, and pyarrow's pool (its own, mimalloc or jemalloc, or ``system``: ``malloc``)."""
     import pyarrow
 
-    from tl_geometry.core.allocator import keep_freed_memory
+    from tl_geometry.runtime.allocator import keep_freed_memory
 
     kept = keep and keep_freed_memory()
     line = "allocator: freed memory kept (as the command line runs)" if kept else "allocator: glibc's default"

@@ -200,7 +200,7 @@ def test_save_and_load_round_trip(llama_bridge, tmp_path) -> None:
 @pytest.mark.parametrize("busy, expected", [(float("inf"), 1), (0.0, None)])
 def test_each_batch_runs_on_the_free_cpus(monkeypatch, llama_bridge, busy, expected) -> None:
     import tl_geometry.pipeline.loop as loop
-    from tl_geometry.core import threads
+    from tl_geometry.runtime import threads
 
     for name in threads.THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)

@@ -21,8 +21,8 @@ from typing import NoReturn
 
 from tl_geometry.cli import budgets, context, fact, report, run, sparsify
 from tl_geometry.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, SavedInterrupt
-from tl_geometry.core.allocator import keep_freed_memory
 from tl_geometry.errors import TLGeometryError
+from tl_geometry.runtime.allocator import keep_freed_memory
 
 
 class OneLineParser(argparse.ArgumentParser):

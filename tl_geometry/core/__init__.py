@@ -12,13 +12,13 @@ No model, no files: tensors in, tensors out. Everything above this layer builds 
 * :mod:`~tl_geometry.core.batched` — the device route: a layer in a fixed number of tensor operations;
 * :mod:`~tl_geometry.core.screening` — the float32 screen with an exact float64 re-check;
 * :mod:`~tl_geometry.core.fused_rows` — the screen's decisions of the per-row engine, compiled;
-* :mod:`~tl_geometry.core.workspace` — reusable per-thread work tensors (no fresh pages per call);
 * :mod:`~tl_geometry.core.numerics` — the shared numerics (accumulator dtype, exact scaling, std);
 * :mod:`~tl_geometry.core.checks` — run-time shape checks, integer tests and the rows' checks;
 * :mod:`~tl_geometry.core.layouts` — which keys a row is measured over: query positions and
   TransformerLens' layouts (``layout="tl"``);
-* :mod:`~tl_geometry.core.threads` — torch's CPU threads during an analysis: the CPUs free now.
-* :mod:`~tl_geometry.core.allocator` — glibc keeps freed memory (no page faults per layer).
+* :mod:`~tl_geometry.core.threads` — moved to :mod:`tl_geometry.runtime.threads` (a re-export).
+
+The process's tuning (threads, allocator, work tensors, memory budget) is :mod:`tl_geometry.runtime`.
 
 ``tl_geometry.core.separability`` is the module; the function is ``tlg.separability``
 (``tl_geometry.core.separability.separability``).

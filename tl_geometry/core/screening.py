@@ -18,7 +18,7 @@ from torch import Tensor
 
 from tl_geometry.core import fused_rows
 from tl_geometry.core.numerics import cosine_distance
-from tl_geometry.core.workspace import WORKSPACE
+from tl_geometry.runtime.workspace import WORKSPACE
 
 #: Unit roundoff of the float64 direct distances.
 _U64 = 2.0**-53

@@ -32,7 +32,6 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.core.batched import layer_metrics
-from tl_geometry.core.budget import check_memory
 from tl_geometry.core.checks import check_row_inputs, typechecked
 from tl_geometry.core.dispatch import route
 from tl_geometry.core.fused_rows import scaled_values
@@ -55,8 +54,9 @@ from tl_geometry.core.rankings import (
 )
 from tl_geometry.core.screening import balanced_block, decide
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns, sort_by_weight
-from tl_geometry.core.workspace import WORKSPACE
 from tl_geometry.errors import InputError
+from tl_geometry.runtime.budget import check_memory
+from tl_geometry.runtime.workspace import WORKSPACE
 
 #: Size in bytes of one block of the screen (rows x draws x sizes x keys, float32). About 8 MiB
 #: balances the matrix product and the per-block Python work (fewer, bigger blocks) against the

@@ -18,9 +18,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from tl_geometry.capture.hooks import model_device
-from tl_geometry.core.budget import check_memory
-from tl_geometry.core.threads import analysis_threads
 from tl_geometry.errors import InputError
+from tl_geometry.runtime.budget import check_memory
+from tl_geometry.runtime.threads import analysis_threads
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def window_nll(logits: Tensor, tokens: Int[Tensor, "batch pos"], targets: int | 
 
 
 def check_forward_memory(model: Any, batch_size: int, seq_len: int) -> None:
-    """Refuse a forward batch whose least memory exceeds the budget (:mod:`tl_geometry.core.budget`).
+    """Refuse a forward batch whose least memory exceeds the budget (:mod:`tl_geometry.runtime.budget`).
 
     Counted per layer: the attention scores and pattern (float32) and a top-N restriction's
     ranking scores and order (float64, int64); and the logits (float32), one window's float64
@@ -146,7 +146,7 @@ def corpus_nll(
             batch = tokens[ids]
             if before_batch is not None:
                 before_batch(ids)
-            with analysis_threads(device):  # the CPUs free now (tl_geometry.core.threads)
+            with analysis_threads(device):  # the CPUs free now (tl_geometry.runtime.threads)
                 logits = model(batch.to(device))
             sums.update(zip(ids.tolist(), window_nll(logits, batch, n_targets).cpu().tolist()))
             bar.update(batch.shape[0])

@@ -23,13 +23,13 @@ from tl_geometry.capture.cached import run_cached
 from tl_geometry.capture.hooks import LayerBatch, LayerObserver, model_device, run_streaming
 from tl_geometry.capture.observers import Observer, RowObserver, SeparabilityObserver
 from tl_geometry.capture.tables import KEY_COLUMNS, REFERENCE_RANKING, empty_table
-from tl_geometry.core.threads import analysis_threads
 from tl_geometry.diagnostics import DiagnosticsObserver
 from tl_geometry.io.row_order import in_key_order
 from tl_geometry.io.rows_on_disk import RowsOnDisk
 from tl_geometry.io.store import RunStore
 from tl_geometry.pipeline.plan import AnalysisPlan
 from tl_geometry.pipeline.result import ROW_ORDER, AnalysisResult
+from tl_geometry.runtime.threads import analysis_threads
 from tl_geometry.taxonomy import TaxonomyObserver
 from tl_geometry.theory.observer import BoundsObserver
 
@@ -135,7 +135,7 @@ def run_batches(
     ``analysis_s`` in all and ``<part>_s`` for each part of :meth:`Wiring.named` (their sum, up to
     the loop around them).
 
-    Each batch runs on the CPUs free when it starts (:func:`tl_geometry.core.threads.analysis_threads`).
+    Each batch runs on the CPUs free when it starts (:func:`tl_geometry.runtime.threads.analysis_threads`).
     The progress bar (:func:`progress_bar`) moves as each layer of a batch is observed."""
     device = model_device(plan.model) if plan.model is not None else torch.device("cpu")
     kept: list[pd.DataFrame] = []

@@ -11,7 +11,7 @@ from torch import Tensor
 from tl_geometry.capture.cached import CachedActivations
 from tl_geometry.capture.hooks import model_device
 from tl_geometry.capture.padding import find_padding
-from tl_geometry.core.budget import check_memory
+from tl_geometry.runtime.budget import check_memory
 from tl_geometry.core.separability import ORDER_BYTES_PER_KEY
 from tl_geometry.corpus import as_corpus, corpus_tokens
 from tl_geometry.errors import InputError
@@ -221,6 +221,6 @@ def check_run_memory(
     n_seqs: int | None,
 ) -> None:
     """Refuse, before any forward pass, a run whose peak (:func:`run_memory`) exceeds the budget
-    (:mod:`tl_geometry.core.budget`)."""
+    (:mod:`tl_geometry.runtime.budget`)."""
     n_bytes, what = run_memory(n_heads, d_vocab, n_layers, queries, settings, seq_len, n_seqs)
     check_memory(n_bytes, what, "lower batch_size, seq_len or n_random, or measure fewer query positions or sizes N")

@@ -1,4 +1,4 @@
-"""The per-thread work tensors (core/workspace.py)."""
+"""The per-thread work tensors (runtime/workspace.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import torch
 
-from tl_geometry.core.workspace import Workspace
+from tl_geometry.runtime.workspace import Workspace
 
 
 def test_a_name_reuses_its_buffer_and_grows_when_asked_for_more():

@@ -1,4 +1,4 @@
-"""glibc keeps freed memory for the command line's process (core/allocator.py)."""
+"""glibc keeps freed memory for the command line's process (runtime/allocator.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tl_geometry.cli import app
-from tl_geometry.core import allocator
+from tl_geometry.runtime import allocator
 
 GLIBC = allocator.has_glibc()
 
@@ -19,7 +19,7 @@ GLIBC = allocator.has_glibc()
 # mallinfo2's hblks); with the thresholds at 1 GiB it comes from the heap.
 _PROBE = """
 import ctypes, json, sys
-from tl_geometry.core.allocator import keep_freed_memory
+from tl_geometry.runtime.allocator import keep_freed_memory
 class Info(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
                 ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]

@@ -18,7 +18,7 @@ Without glibc (macOS, Windows, musl) it does nothing.
 
 Example::
 
-    from tl_geometry.core.allocator import keep_freed_memory
+    from tl_geometry.runtime.allocator import keep_freed_memory
     keep_freed_memory()  # True where glibc's thresholds were set
 """
 

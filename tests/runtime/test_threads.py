@@ -1,4 +1,4 @@
-"""The thread count of an analysis: the CPUs free now, the user's choice first (core/threads.py)."""
+"""The thread count of an analysis: the CPUs free now, the user's choice first (runtime/threads.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tl_geometry.core import threads
+from tl_geometry.runtime import threads
 
 
 @pytest.fixture
