@@ -14,8 +14,10 @@ from collections import Counter
 
 import pytest
 import torch
+from test_query_engine import assert_matches_reference, layer_rows
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import tl_geometry as tlg
 from tl_geometry.core.batched import layer_metrics
 from tl_geometry.core.query_engine import separability_queries
 
@@ -129,3 +131,37 @@ def test_the_query_engine_takes_the_batched_route_for_kernel_torch() -> None:
     valid = rows.valid.expand_as(rows.r_max)
     assert rows.ns.tolist() == ns.tolist() == [[1, 2, 3, 5]] * 3
     assert torch.equal(rows.r_max[valid], direct[valid])
+
+
+@pytest.mark.parametrize("kw", SETTINGS, ids=lambda kw: kw["rank_by"])
+def test_chunks_do_not_change_anything(kw) -> None:
+    """``max_cells`` (a memory hint) splits the rows into chunks: the same numbers bit for bit."""
+    inputs = layer(2, 4, [3, 7, 11])
+    whole = layer_metrics(*inputs, **kw)
+    for max_cells in (1, 500):
+        chunked = layer_metrics(*inputs, max_cells=max_cells, **kw)
+        for name, x in whole.items():
+            assert torch.equal(x.nan_to_num(-7.0), chunked[name].nan_to_num(-7.0)), (name, max_cells)
+
+
+@pytest.mark.parametrize("rank_by", ["attention", "contribution", "sink_window", "random"])
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+@pytest.mark.parametrize("kind", ["random", "ties", "sink", "flat", "duplicates"])
+def test_every_ranking_and_distance_equal_reference(kind, distance, rank_by) -> None:
+    """Every query of a layer on the batched route against the loop reference (counts exactly,
+    distances to 1e-9): exact ties, duplicated keys, a sink, the random control."""
+    weights, values = layer_rows(kind, 9, n_heads=4, n_kv=2, seed=5)
+    assert_matches_reference(
+        weights, values, list(range(9)), ns="all", rank_by=rank_by, distance=distance, kernel="torch"
+    )
+
+
+def test_last_query_rows_equal_the_compiled_route_bit_for_bit() -> None:
+    """``separability(kernel="torch")`` (the batched route) and the compiled route: every metric bit for bit."""
+    weights, values = layer_rows("sink", 33, n_heads=4, n_kv=4, seed=8)
+    rows_w, rows_v = weights[:, :, -1], values.permute(0, 2, 1, 3)
+    for rank_by in ("attention", "random"):
+        a = tlg.separability(rows_w, rows_v, "log", rank_by=rank_by, kernel="torch")
+        b = tlg.separability(rows_w, rows_v, "log", rank_by=rank_by, kernel="numba")
+        for name in ("precision", "recall", "r_min", "r_max", "retained_mass", "local_error_del", "local_error_ren"):
+            assert torch.equal(getattr(a, name).nan_to_num(-7.0), getattr(b, name).nan_to_num(-7.0)), name

@@ -35,8 +35,9 @@ from tl_geometry.core.numerics import local_errors, pow2
 from tl_geometry.core.rankings import COSINE_EPS, default_row_keys, ranking_scores, uniform_bits
 from tl_geometry.core.screening import direct_distances
 
-#: Cells (rows x sizes x keys x d) of one chunk when the caller gives no hint: 2^25 float64 (256 MiB).
-DEFAULT_MAX_CELLS = 2**25
+#: Cells (rows x sizes x keys x d) of one chunk when the caller gives no hint, by device type:
+#: 2^24 float64 (128 MiB) on a CPU, 2^28 (2 GiB) on a GPU, where fewer, larger operations pay.
+DEFAULT_MAX_CELLS = {"cpu": 2**24, "cuda": 2**28}
 
 
 @torch.no_grad()
@@ -52,7 +53,7 @@ def layer_metrics(
     n_draws: int = 1,
     seed: int = 0,
     row_keys: Int[Tensor, "batch head query"] | None = None,
-    max_cells: int = DEFAULT_MAX_CELLS,
+    max_cells: int | None = None,
     output_in_key_order: bool = False,
 ) -> dict[str, Float[Tensor, "batch head query draw size"]]:
     """The per-draw metrics (:data:`~tl_geometry.core.metrics.COMPUTED_METRICS`) of every row of a layer.
@@ -69,9 +70,9 @@ def layer_metrics(
         Each query's sizes, ``1 <= N <= lengths[j]`` (a grid padded with ``N = lengths[j]``).
     rank_by, distance, n_draws, seed, row_keys
         As :func:`tl_geometry.core.separability.separability`; ``n_draws`` draws of ``"random"``.
-    max_cells : int
+    max_cells : int, optional
         At most this many ``rows x sizes x keys x d`` cells per chunk (a memory hint; the
-        number of chunks depends on the shapes only).
+        number of chunks depends on the shapes only); by default :data:`DEFAULT_MAX_CELLS` of the device.
     output_in_key_order : bool
         Add the row's output ``z`` of the local errors in key order (as
         :func:`tl_geometry.core.separability.separability` does) rather than as ``s(K)`` in
@@ -96,6 +97,8 @@ def layer_metrics(
     kv_of = kv_head_of.to(device)[(index // (n_draws * n_queries)) % n_heads]
     flat_weights = weights.reshape(n_batch * n_heads * n_queries, n_keys)
     flat_scores = None if scores is None else scores.reshape(n_rows, n_keys)
+    if max_cells is None:
+        max_cells = DEFAULT_MAX_CELLS.get(device.type, DEFAULT_MAX_CELLS["cpu"])
     chunk = max(1, max_cells // max(1, n_sizes * n_keys * max(dim, 1)))
     parts = []
     for start in range(0, n_rows, chunk):
