@@ -5,7 +5,7 @@ default 2) for the forward pass and the analysis, on windows of ``--seq-len`` to
 of the embedded CPython documentation corpus, log grid of ``N``, attention ranking:
 
 1. every query position (``query_positions="all"``, the query engine) / forward, float64
-   decisions, with the pure-torch screen (``kernel="torch"``), the fused numba pass on the value
+   decisions, with the fused numba pass on the value
    product (before: ``query_engine.GRAM_COST`` set to infinity for that line), screening in
    float32 (the default) and in float64 (``query_engine.SCREEN_DTYPE`` set for that line), and the
    fused pass with the Gram route where it is cheaper (the default, after) [target <= 3]; the
@@ -15,9 +15,12 @@ of the embedded CPython documentation corpus, log grid of ``N``, attention ranki
    the query engine on the same ``--stride``-spaced positions: the speed-up of the engine
    (``--no-old-way`` skips it);
 3. separability for every ``N`` and the random control (16 draws, log grid), last query of
-   ``--last-query-len`` tokens (default 1024) / forward, with the per-row engine's torch screen
-   (before) and its compiled passes (after), each with its floors at the float64 and the float32
-   matmul throughputs (the per-row engine screens in float32) [targets <= 0.3].
+   ``--last-query-len`` tokens (default 1024) / forward, with the per-row engine's compiled
+   passes, with its floors at the float64 and the float32 matmul throughputs (the per-row engine
+   screens in float32) [targets <= 0.3].
+
+The batched route (``kernel="torch"``, what a GPU runs) is measured by ``bench_gpu.py``: on a CPU
+it does every key's direct distance, far more arithmetic than the compiled screen.
 
 "forward" is the model's plain forward pass over the same windows (no hooks), the best of two;
 "analysis" is the time inside the hooks (``AnalysisResult.timings['analysis_s']``).
@@ -59,9 +62,9 @@ def last_query_lines(model, seq_len: int, rate: float, rate32: float) -> None:
     info = tlg.describe_model(model)
     rows = info.n_heads * info.n_layers
     grid = len(tlg.log_spaced_ns(seq_len))
-    for kernel in ("torch", "numba"):  # warm-up: numba compiles a kernel on its first call in a fresh install
+    for kernel in ("numba",):  # warm-up: numba compiles a kernel on its first call in a fresh install
         analysis_seconds(model, tokens[:, :32], kernel, ns=None, rank_by=("attention", "random"), n_random=2)
-    for kernel, when in (("torch", "torch screen, before"), ("numba", "compiled passes, after")):
+    for kernel, when in (("numba", "compiled passes"),):
         every_n, _ = analysis_seconds(model, tokens, kernel, ns=None)
         print(f"every N, last query, 1 x {seq_len} tokens, {when}: analysis {every_n:.2f}s / forward {forward:.2f}s = "
               f"{every_n / forward:.2f} [target <= 0.3]  (load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
@@ -127,7 +130,6 @@ def main() -> None:
     print(f"forward {forward:.2f}s ({shape})", flush=True)
     seconds = {}
     lines = (
-        ("torch screen", "torch", query_engine.SCREEN_DTYPE, False),
         ("fused numba pass, value product (before)", "numba", query_engine.SCREEN_DTYPE, False),
         ("fused numba pass, value product, float64 screen", "numba", torch.float64, False),
         ("fused numba pass, Gram route where cheaper (after)", "numba", query_engine.SCREEN_DTYPE, True),
@@ -141,10 +143,9 @@ def main() -> None:
         print(f"every query position, log grid, {name}: analysis {seconds[name]:.2f}s / forward {forward:.2f}s = "
               f"{seconds[name] / forward:.2f} [target <= 3]  ({rows} rows, load {os.getloadavg()[0]:.1f})",
               flush=True)  # fmt: skip
-    torch_screen, before = seconds["torch screen"], seconds["fused numba pass, value product (before)"]
+    before = seconds["fused numba pass, value product (before)"]
     after = seconds["fused numba pass, Gram route where cheaper (after)"]
-    print(f"  fused value product / torch screen: {before / torch_screen:.2f}; Gram route where cheaper / "
-          f"value product: {after / before:.2f}")  # fmt: skip
+    print(f"  Gram route where cheaper / value product: {after / before:.2f}")
     rate = matmul_macs_per_second(torch.float64)
     info = tlg.describe_model(model)
     macs = args.n_seqs * every_query_macs(args.seq_len, info.n_heads * info.n_layers, info.d_head)
