@@ -208,7 +208,6 @@ def separability_queries(
         raise InputError(f"products must be one of {PRODUCTS}, got {products!r}")
     if path == "torch":
         return _batched(weights, values, queries, kv_head_of, ns, rank_by, distance, n_random, seed, row_keys)
-    kernel = "numba"
     if distance != "euclidean":
         products = "values"  # the Gram route is a part of the compiled Euclidean pass
     with _block_threads(weights.device) as workers:  # see _solve_all
@@ -226,7 +225,6 @@ def separability_queries(
             screen,
             block_cells,
             workers,
-            kernel,
             products,
         )
 
@@ -301,10 +299,9 @@ def _compute(
     screen: torch.dtype,
     block_cells: int,
     workers: int,
-    kernel: str,
     products: str,
 ) -> QueryRows:
-    """:func:`separability_queries` after its checks."""
+    """:func:`separability_queries` after its checks, on the compiled route."""
     n_batch, n_heads, n_queries, n_pos = weights.shape
     device = weights.device
     q_t = torch.tensor(queries, dtype=torch.int64, device=device)
@@ -332,7 +329,6 @@ def _compute(
         seed,
         row_keys,
         screen,
-        kernel,
         _value_exponents(values),
         products=products,
     )
@@ -503,7 +499,6 @@ class _Problem:
     seed: int
     row_keys: Tensor | None
     screen: torch.dtype  # the screen's dtype (every decision is float64)
-    kernel: str
     value_exps: Tensor  # [b, L, g] int32: the exponent of max |v| over keys 0..k (rows ending at k)
     products: str = "values"  # see PRODUCTS
     # [P, K, K] float32 or float64 (GRAM_FLOAT32_EXPONENT): <v_i, v_j> per group, K of the longest Gram-route block
@@ -612,7 +607,7 @@ class _BlockRows:
         gap = self.block_exp[:, None] - value_exp  # [P, E] >= 0
         gap_max = int(gap.max())
         folded = gap_max <= MAX_FOLDED_GAP  # w 2^gap and v 2^-block_exp are exact
-        if folded and p.kernel == "numba":  # the same sums, without the [P, E, K, d] tensor
+        if folded:  # the same sums, without the [P, E, K, d] tensor
             factor = sorted_w if gap_max == 0 else sorted_w * pow2(gap)[..., None]  # times 1: the same
             centers, z = fused.prefix_sums(self.v_block, order, factor, ns - 1, q_rows)
         else:
@@ -663,10 +658,8 @@ class _Screen:
     rank: Tensor  # [P, E, K]
     centers: Tensor  # [P, E, G, d] float64, scaled
     eps: Tensor  # [P, E] the cosine constant at the rows' scale
-    # the fused kernel's inputs (fused.screen_counts), or the torch screen's bounds M = E - band and
-    # P = E + band [P, K, E, G] float64 with the selected and the unselected real keys [P, K, E, G]
+    # the compiled kernel's inputs (fused.screen_counts or fused.gram_screen_counts)
     fused_inputs: dict[str, Any] | None = None
-    bounds: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
 
     @classmethod
     def of(
@@ -730,25 +723,13 @@ class _Screen:
                 "dim": dim,
             }
             return screen
-        if p.distance == "cosine":  # E = 1 - <y, s> / (||y|| ||s|| + eps), formed here for both kernels
+        if p.distance == "cosine":  # E = 1 - <y, s> / (||y|| ||s|| + eps), formed here for the compiled pass
             w_t, v_t = w_keys[:, :, None], v_keys[:, :, None]  # [P, E, 1, K]
             denominator = (w_t * v_t) * einops.rearrange(s_norm, "p e n -> p e n 1").to(dtype)
             denominator = denominator + einops.rearrange(eps, "p e -> p e 1 1").to(dtype)
             x = 1 - torch.where(denominator > 0, (w_t * x) / denominator, 0.0)
-        if p.kernel == "numba":  # one compiled pass over the keys decides from x (fused.py)
-            screen.fused_inputs = compiled_inputs() | {"x": x.contiguous().numpy(), "given": p.distance == "cosine"}
-            return screen
-        as_keys = "p e k -> p k e 1"  # the torch screen's layout [P, K, E, G]
-        x = einops.rearrange(x, "p e n k -> p k e n")
-        w_t, v_t = einops.rearrange(w_keys, as_keys), einops.rearrange(v_keys, as_keys)
-        e = torch.addcmul((w_t * v_t) ** 2, w_t, x, value=-2) if p.distance == "euclidean" else x
-        y = w_t.double() * v_t.double()
-        band = coef * (y * (y + 2 * einops.rearrange(s_norm, "p e n -> p 1 e n")))
-        band = band + einops.rearrange(absolute, "p e n -> p 1 e n")
-        e = e.double()
-        real = torch.arange(n_keys, device=rank.device)[:, None] <= q  # [K, E]
-        inside = einops.rearrange(rank, "p e k -> p k e 1") < ns  # [P, K, E, G]
-        screen.bounds = (e - band, e + band, inside, ~inside & real[None, :, :, None])
+        # one compiled pass over the keys decides from x (fused.py)
+        screen.fused_inputs = compiled_inputs() | {"x": x.contiguous().numpy(), "given": p.distance == "cosine"}
         return screen
 
     def counts(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -760,40 +741,13 @@ class _Screen:
         radii. An unselected key with ``P <= max M`` is surely within ``r_max``, one with ``M >
         max P`` surely beyond; the same for the selected keys and ``r_min``; the others are measured.
         """
-        if self.fused_inputs is not None:
-            inputs = self.fused_inputs
-            gram = "gram" in inputs
-            counts, listed = fused.gram_screen_counts(**inputs) if gram else fused.screen_counts(**inputs)
-            k_out, k_in = torch.from_numpy(counts)
-            kinds = torch.from_numpy(listed.kinds)
-            group, key, row, where = (torch.from_numpy(x) for x in listed.coordinates)  # where each cell lies
-        else:
-            assert self.bounds is not None
-            lower, upper, inside, outside = self.bounds
-            shape = tuple(lower.shape)
-            ninf = torch.tensor(-torch.inf, dtype=torch.float64, device=lower.device)
-            m_max, p_max = torch.where(inside, lower, ninf).amax(dim=1), torch.where(inside, upper, ninf).amax(dim=1)
-            m_min, p_min = (
-                torch.where(outside, lower, -ninf).amin(dim=1),
-                torch.where(outside, upper, -ninf).amin(dim=1),
-            )
-            m_max, p_max, m_min, p_min = (t[:, None] for t in (m_max, p_max, m_min, p_min))
-            k_out = _count(outside & (upper <= m_max))
-            k_in = _count(inside & (upper <= m_min))
-            masks = (
-                inside & (upper >= m_max),
-                outside & (lower <= p_min),
-                outside & (upper > m_max) & (lower <= p_max),
-                inside & (upper > m_min) & (lower <= p_min),
-            )
-            # each kind's cells, one after another (a key listed for two kinds is measured twice)
-            cells = [m.reshape(-1).nonzero().squeeze(1) for m in masks]
-            n_groups, n_keys, n_rows, n_sizes = shape
-            flat = torch.cat(cells)
-            listed_for = (fused.KIND_R_MAX, fused.KIND_R_MIN, fused.KIND_WITHIN_R_MAX, fused.KIND_WITHIN_R_MIN)
-            kinds = torch.cat([torch.full_like(c, kind, dtype=torch.uint8) for c, kind in zip(cells, listed_for)])
-            # where each listed cell lies: its group, key, row and flat [P, E, G] index
-            group, key, row, where = fused.cell_coordinates(flat, n_keys, n_rows, n_sizes)
+        assert self.fused_inputs is not None
+        inputs = self.fused_inputs
+        gram = "gram" in inputs
+        counts, listed = fused.gram_screen_counts(**inputs) if gram else fused.screen_counts(**inputs)
+        k_out, k_in = torch.from_numpy(counts)
+        kinds = torch.from_numpy(listed.kinds)
+        group, key, row, where = (torch.from_numpy(x) for x in listed.coordinates)  # where each cell lies
         # every listed cell measured at once (one gather per block; the compiled screen lists the
         # keys of one centre together, so each centre is read once)
         dist = self._distances(group, key, row, where)
@@ -805,7 +759,7 @@ class _Screen:
         n_groups, n_keys, dim = self.rows.v.shape
         n_rows = self.centers.shape[1]
         euclidean = self.rows.problem.distance == "euclidean"
-        if euclidean and self.rows.problem.kernel == "numba" and bool((self.value_exp.abs() <= 1000).all()):
+        if euclidean and bool((self.value_exp.abs() <= 1000).all()):
             scale = pow2(-self.value_exp)  # exact: the product of times_pow2
             centers = self.centers.reshape(-1, dim)
             return fused.distances(self.rows.v, scale, self.w_rows, centers, (group, key, row, where))
@@ -836,11 +790,6 @@ def _band(
         coef = 0.0
         absolute = (2 * (dim + 8) * (2 * unit + 2 * unit64) + floor)[..., None].expand_as(s_norm)
     return coef, torch.where(screened[..., None], absolute, torch.inf)
-
-
-def _count(mask: Tensor) -> Tensor:
-    """``mask.sum(dim=1)`` for a bool mask, as int64 (through uint8 and int32: several times faster)."""
-    return mask.view(torch.uint8).sum(dim=1, dtype=torch.int32).to(torch.int64)
 
 
 __all__ = ["DEFAULT_BLOCK_CELLS", "SCREEN_DTYPE", "QueryRows", "separability_queries"]
