@@ -31,7 +31,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.core.metrics import COMPUTED_METRICS
-from tl_geometry.core.numerics import local_errors, pow2
+from tl_geometry.core.numerics import local_errors, pow2, scale_exponents
 from tl_geometry.core.rankings import COSINE_EPS, default_row_keys, ranking_scores, uniform_bits
 from tl_geometry.core.screening import direct_distances
 
@@ -153,10 +153,8 @@ def _chunk_metrics(
     # whose largest seen component lies in [1/2, 1); undone on the radii and the masses
     key_w = torch.where(seen, weights.to(torch.float64), 0.0)
     key_v = values.to(torch.float64)
-    weight_exp = (
-        torch.frexp(key_w.amax(dim=-1)).exponent + torch.frexp((lengths - 1).to(torch.float64)).exponent
-    )  # + ceil(log2 K)
-    value_exp = torch.frexp(torch.where(seen[..., None], key_v.abs(), 0.0).amax(dim=(-2, -1))).exponent
+    v_max = torch.where(seen[..., None], key_v.abs(), 0.0).amax(dim=(-2, -1))
+    weight_exp, value_exp = scale_exponents(key_w.amax(dim=-1), v_max, lengths)
     key_w = key_w * pow2(-weight_exp)[:, None]
     key_v = key_v * pow2(-value_exp)[:, None, None]
     if scores is None:

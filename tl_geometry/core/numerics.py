@@ -41,6 +41,20 @@ def times_pow2(x: Tensor, exponents: Tensor) -> Tensor:
     return torch.ldexp(*torch.broadcast_tensors(x, exponents))
 
 
+def scale_exponents(weight_max: Tensor, value_max: Tensor, n_keys: Tensor) -> tuple[Tensor, Tensor]:
+    """The powers of two that scale each row exactly (both engines and the batched route): weights
+    times ``2^-weight_exp`` sum to at most 1 (``weight_exp = e(max alpha) + ceil(log2 K)``), values
+    times ``2^-value_exp`` have their largest component in ``[1/2, 1)`` (``e(x)``: the binary
+    exponent of :func:`torch.frexp`, ``x = m 2^e`` with ``m`` in ``[1/2, 1)``).
+
+    >>> w, v = scale_exponents(torch.tensor([0.5]), torch.tensor([3.0]), torch.tensor([5]))
+    >>> w.tolist(), v.tolist()   # 0.5 = 0.5 * 2^0 and ceil(log2 5) = 3; 3 = 0.75 * 2^2
+    ([3], [2])
+    """
+    log_keys = torch.frexp((n_keys - 1).to(torch.float64)).exponent  # ceil(log2 K), exactly, for K >= 1
+    return torch.frexp(weight_max).exponent + log_keys, torch.frexp(value_max).exponent
+
+
 def unit_vectors(x: Tensor) -> Tensor:
     """``x / ||x||`` along the last axis; a zero vector stays zero (so its cosines count as 0).
 

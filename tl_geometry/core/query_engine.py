@@ -26,7 +26,6 @@ True
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -45,7 +44,7 @@ from tl_geometry.core.batched import layer_metrics
 from tl_geometry.core.checks import check_row_inputs, typechecked
 from tl_geometry.core.dispatch import route
 from tl_geometry.core.metrics import COMPUTED_METRICS, METRICS, SeparabilityMetrics
-from tl_geometry.core.numerics import cosine_distance, local_errors, pow2, times_pow2
+from tl_geometry.core.numerics import cosine_distance, local_errors, pow2, scale_exponents, times_pow2
 from tl_geometry.core.rankings import (
     COSINE_EPS,
     DEFAULT_N_RANDOM,
@@ -550,8 +549,7 @@ class _BlockRows:
         w = einops.rearrange(w, "b (g j) q k -> (b g) j q k", g=n_kv)
         v = einops.rearrange(problem.values[:, :n_keys], "b k g d -> (b g) k d")
         # the per-row scaling of tl_geometry.core.separability: keys 0..q of each row
-        log_keys = torch.tensor([math.ceil(math.log2(k + 1)) for k in q.tolist()], device=w.device)
-        weight_exp = torch.frexp(w.amax(dim=-1)).exponent + log_keys
+        weight_exp, _ = scale_exponents(w.amax(dim=-1), w.new_zeros(()), q + 1)
         value_exp = einops.rearrange(problem.value_exps[:, q], "b q g -> (b g) q")  # [P, Qb]
         w = times_pow2(w, -weight_exp[..., None])
         width = int(problem.grid.valid[block].sum(dim=1).max())  # the block's longest grid

@@ -22,7 +22,6 @@ distances (:mod:`tl_geometry.core.screening`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
@@ -37,7 +36,7 @@ from tl_geometry.core.dispatch import route
 from tl_geometry.core.fused_rows import scaled_values
 from tl_geometry.core.layouts import Layout, causal_rows, check_layout, pack_rows, tl_rows, values_per_head
 from tl_geometry.core.metrics import METRICS, SeparabilityMetrics
-from tl_geometry.core.numerics import local_errors, pow2, times_pow2
+from tl_geometry.core.numerics import local_errors, pow2, scale_exponents, times_pow2
 from tl_geometry.core.query_engine import QueryRows, separability_queries
 from tl_geometry.core.rankings import (
     COSINE_EPS,
@@ -406,10 +405,9 @@ class _ScaledRows:
         """``compiled``: the values' product by ``2^-e`` in one numba walk (CPU, float32 or float64)."""
         n_keys = weights.shape[-1]
         w = weights.to(torch.float64)
-        weight_exp = torch.frexp(w.amax(dim=-1)).exponent + math.ceil(math.log2(n_keys))
         # in the values' own dtype (float32: half the bytes): abs, max and the widening are exact
         v_max = values.abs().amax(dim=(-2, -1)).to(torch.float64) if values.shape[-1] else w.new_zeros(w.shape[0])
-        value_exp = torch.frexp(v_max).exponent
+        weight_exp, value_exp = scale_exponents(w.amax(dim=-1), v_max, torch.tensor(n_keys))
         native = values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64)
         if compiled and native and bool((value_exp.abs() <= 1000).all()):
             v = torch.from_numpy(scaled_values(values.detach().contiguous().numpy(), value_exp.numpy()))
