@@ -161,7 +161,7 @@ def check_kernel(value: Any) -> str:
     if value not in KERNELS:
         raise InputError(
             f"kernel={value!r} is not supported: use 'auto' (default: numba where it is installed), "
-            "'numba' (the compiled pass) or 'torch' (the pure-torch reference)"
+            "'numba' (the compiled screen) or 'torch' (the batched tensor route)"
         )
     if value == "numba" and importlib.util.find_spec("numba") is None:
         raise InputError("kernel='numba' needs numba, which is not installed: pip install numba, or use kernel='torch'")

@@ -237,10 +237,10 @@ class AnalysisSettings:
             check_kernel,
             identity=False,
             type=" or ".join(f'"{k}"' for k in KERNELS),
-            doc='How the separability screen runs on the CPU. ``"auto"`` takes the compiled numba pass where '
-            'numba is installed, else torch; ``"numba"`` insists on it; ``"torch"`` is the pure-torch reference '
-            "path. Results are identical (the same counts, bit-identical radii); on a GPU the screen is always "
-            "torch's.",
+            doc='Which separability route runs (tl_geometry.core.dispatch). ``"auto"`` takes the compiled numba '
+            'screen on the CPU where numba is installed, else the batched tensor route; ``"numba"`` insists on '
+            'the compiled screen; ``"torch"`` takes the batched route (what a GPU always runs). The counts are '
+            "the same and the radii equal to rounding.",
             cli=CliForm(choices=KERNELS),
         ),
     )
