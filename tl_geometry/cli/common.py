@@ -96,8 +96,8 @@ def corpus_from_args(args: argparse.Namespace) -> Any:
     """The windows of ``--corpus`` / ``--dataset``, ``--n-seqs`` and ``--seq-len``; ``--model``
     checked too (a path that does not exist), all before any model is loaded."""
     from tl_geometry import corpus
-    from tl_geometry.core.budget import memory_budget
     from tl_geometry.models import check_model_name
+    from tl_geometry.runtime.budget import memory_budget
 
     check_model_name(args.model)
     memory_budget()  # a TL_GEOMETRY_MEMORY_BUDGET that is not a size is refused now, not after the load

@@ -11,13 +11,13 @@ from torch import Tensor
 from tl_geometry.capture.cached import CachedActivations
 from tl_geometry.capture.hooks import model_device
 from tl_geometry.capture.padding import find_padding
-from tl_geometry.runtime.budget import check_memory
 from tl_geometry.core.separability import ORDER_BYTES_PER_KEY
 from tl_geometry.corpus import as_corpus, corpus_tokens
 from tl_geometry.errors import InputError
 from tl_geometry.io.store import run_identity
 from tl_geometry.models import ModelInfo, check_device, describe_model, load_model
 from tl_geometry.pipeline.settings import AnalysisSettings
+from tl_geometry.runtime.budget import check_memory
 
 
 def place_model(model: Any, device: str | torch.device | None) -> Any:
