@@ -149,9 +149,16 @@ def test_cli_refuses_to_resume_with_another_corpus(tmp_path, capsys, tiny_cli, m
     monkeypatch.setattr(tlg, "load_model", lambda name, **kw: tiny_cli)
     before = snapshot(out)
     code, _, err = run(["run", "--corpus", str(doc_b), "--resume", "--out", str(out), *SMALL], capsys)
+    line = one_error_line(err)  # the option differs: refused before the model loads (issue 47)
+    assert code == 2 and "--corpus (" in line and "model" not in line.split("other settings")[1]
+    assert snapshot(out) == before
+    saved_text = doc_a.read_text()
+    doc_a.write_text(doc_b.read_text())  # the same option, other text: the token windows differ
+    code, _, err = run(["run", "--corpus", str(doc_a), "--resume", "--out", str(out), *SMALL], capsys)
     line = one_error_line(err)
     assert code == 2 and "token windows" in line and "model" not in line.split("other settings")[1]
     assert snapshot(out) == before
+    doc_a.write_text(saved_text)
     code, _, _ = run(["run", "--corpus", str(doc_a), "--resume", "--out", str(out), *SMALL], capsys)
     assert code == 0
     assert sorted(pd.read_parquet(out / "separability.parquet").seq.unique()) == [0, 1, 2]

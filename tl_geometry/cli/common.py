@@ -161,13 +161,81 @@ def device_from_args(args: argparse.Namespace, world: World | None) -> Any:
 # ----------------------------------------------------------------------------- the output directory
 
 
-def add_out_options(parser: argparse.ArgumentParser, default: str, what: str) -> None:
-    """``--out``, ``--resume`` / ``--force`` (one or the other) and ``--no-progress`` of a command writing a ``what``."""
+def add_out_options(
+    parser: argparse.ArgumentParser, default: str, what: str, not_settings: tuple[str, ...] = ()
+) -> None:
+    """``--out``, ``--resume`` / ``--force`` (one or the other) and ``--no-progress`` of a command writing a ``what``.
+
+    ``not_settings`` names (as argparse dests) the command's other options that change no number
+    it writes, or that it replaces by their resolved values (:func:`run_settings`)."""
     parser.add_argument("--out", default=default, help=f"output directory (default {default})")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--resume", action="store_true", help=f"continue an interrupted {what} in --out")
     group.add_argument("--force", action="store_true", help="replace --out if it exists")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    parser.set_defaults(not_settings=not_settings)
+
+
+# ----------------------------------------------------------------------------- the run's settings
+
+#: The parsed options that change no number a command writes (where it writes, whether it
+#: continues or replaces, whether it shows progress) and what ``main`` and the parser add.
+PRESENTATION_OPTIONS = frozenset(
+    {"out", "resume", "force", "no_progress", "handler", "argv", "not_settings", "resolved_settings"}
+)
+
+
+def run_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings of a command's run: what a ``--resume`` must share with the saved run.
+
+    Every parsed option (``--name``: value) except :data:`PRESENTATION_OPTIONS` and the command's
+    ``not_settings`` (argparse dests, :func:`add_out_options`), then the command's
+    ``resolved_settings`` if it set any (a dict: options resolved into their values, such as
+    ``run``'s preset), as it reads back from JSON. :func:`claim_out` records it in :data:`MARKER_FILE`; :func:`check_out`
+    compares it with ``--resume``, before the model loads. A command gets both by calling those
+    two; a new option is a setting unless the command names it in ``not_settings``.
+
+    Examples
+    --------
+    >>> args = argparse.Namespace(command="budgets", out="b", resume=True, seed=5, not_settings=())
+    >>> run_settings(args)
+    {'--seed': 5, 'command': 'budgets'}
+    """
+    skip = PRESENTATION_OPTIONS | set(getattr(args, "not_settings", ()))
+    settings = {option_name(key): value for key, value in vars(args).items() if key not in skip}
+    settings.update(getattr(args, "resolved_settings", None) or {})
+    return dict(sorted(json.loads(json.dumps(settings, default=str)).items()))
+
+
+def option_name(dest: str) -> str:
+    """``--seq-len`` for the argparse dest ``seq_len`` (``command``, the sub-command, stays)."""
+    return dest if dest == "command" else "--" + dest.replace("_", "-")
+
+
+def marked_settings(out: Path) -> dict[str, Any] | None:
+    """The settings recorded in ``out``'s :data:`MARKER_FILE` (None if absent: a run of tl_geometry
+    before they were recorded, or an unreadable marker)."""
+    try:
+        settings = json.loads((out / MARKER_FILE).read_text())["settings"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return settings if isinstance(settings, dict) else None
+
+
+def check_saved_settings(out: Path, args: argparse.Namespace, what: str) -> None:
+    """Refuse ``--resume`` of a ``what`` saved with other settings (:func:`run_settings`) in one line
+    naming each difference; nothing to compare in a run recorded before settings were."""
+    saved = marked_settings(out)
+    if saved is None:
+        return
+    from tl_geometry.io.store import describe_differences  # pandas and torch: only when there is a run
+
+    differences = describe_differences(run_settings(args), saved)
+    if differences:
+        raise TLGeometryError(
+            f"--resume: {out} holds a {what} with other settings: {'; '.join(differences)} (here vs saved); "
+            "resume with the saved settings, start over with --force, or choose another --out"
+        )
 
 
 def is_run_dir(out: Path) -> bool:
@@ -275,7 +343,9 @@ def check_out(
     """``--out`` with ``--resume`` / ``--force`` checked for a command that writes a ``what``; nothing is deleted here.
 
     ``saved(out)`` says whether ``out`` holds something ``--resume`` can continue (``nothing_saved``
-    says what is missing otherwise). Call it holding the lock (:func:`locked_out`).
+    says what is missing otherwise); ``--resume`` with other settings than the saved ones
+    (:func:`check_saved_settings`) is refused. Call it holding the lock (:func:`locked_out`), before
+    the model loads.
     """
     out = out_path(args, what, example)
     if args.force and holds_results(out):
@@ -295,6 +365,8 @@ def check_out(
                 f"report with `tl-geometry report {shlex.quote(str(out))}`, or start over with --force"
             )
         raise TLGeometryError(f"--resume: {out} {nothing_saved}; drop --resume")
+    if args.resume:
+        check_saved_settings(out, args, what)
     return out
 
 
@@ -418,8 +490,12 @@ def load_model_and_claim(args: argparse.Namespace, out: Path, world: World | Non
 def claim_out(out: Path, args: argparse.Namespace) -> None:
     """Create ``out`` (emptied with ``--force``: only what tl-geometry wrote, checked again now) and mark it.
 
-    ``out`` itself is never deleted, only its contents: the lock it holds stays in place.
+    The mark (:data:`MARKER_FILE`) records the command, its settings (:func:`run_settings`) and the
+    version of tl_geometry; it is rewritten unless a run is resumed (``out`` holds results). ``out``
+    itself is never deleted, only its contents: the lock it holds stays in place.
     """
+    from tl_geometry import __version__
+
     try:
         if args.force and holds_results(out):
             check_replaceable(out)  # nothing foreign appeared while the model loaded
@@ -431,8 +507,9 @@ def claim_out(out: Path, args: argparse.Namespace) -> None:
                 else:
                     entry.unlink()
         out.mkdir(parents=True, exist_ok=True)
-        if not is_run_dir(out) or args.force:
-            write_json_atomic(out / MARKER_FILE, {"command": command_line(args)})
+        if not is_run_dir(out) or args.force or not holds_results(out):
+            mark = {"command": command_line(args), "settings": run_settings(args), "version": __version__}
+            write_json_atomic(out / MARKER_FILE, mark)
     except OSError as exc:
         raise TLGeometryError(f"cannot write to --out {out}: {exc.strerror or exc}; choose another --out") from None
 
@@ -493,6 +570,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_USAGE",
     "MARKER_FILE",
+    "PRESENTATION_OPTIONS",
     "SavedInterrupt",
     "WRITTEN_DIRS",
     "WRITTEN_FILES",
@@ -500,6 +578,7 @@ __all__ = [
     "add_source_options",
     "check_out",
     "check_replaceable",
+    "check_saved_settings",
     "check_window_options",
     "claim_out",
     "command_line",
@@ -513,6 +592,8 @@ __all__ = [
     "load_model_and_claim",
     "locked_out",
     "marked_command",
+    "marked_settings",
+    "option_name",
     "out_path",
     "parse_ints",
     "parse_names",
@@ -520,4 +601,5 @@ __all__ = [
     "resumable",
     "resume_command",
     "run_locked",
+    "run_settings",
 ]

@@ -129,6 +129,28 @@ def add_settings_options(parser: argparse.ArgumentParser) -> None:
             )
 
 
+def settings_dests() -> tuple[str, ...]:
+    """The argparse dests of the analysis options (and their stride forms): ``run`` records their
+    resolved values instead (:func:`resolved_settings`)."""
+    from tl_geometry.pipeline.settings import AnalysisSettings, CliForm, cli_flag
+
+    dests = []
+    for f in fields(AnalysisSettings):
+        form, flag = f.metadata["cli"], cli_flag(f)
+        if isinstance(form, CliForm) and flag is not None:
+            dests += [_dest(flag), *([_dest(form.stride)] if form.stride else [])]
+    return tuple(dests)
+
+
+def resolved_settings(settings: Any) -> dict[str, Any]:
+    """The analysis settings that change the results, by option (``--seed``; a setting without an
+    option by its name): what a resumed ``run`` must share besides its other options."""
+    from tl_geometry.pipeline.settings import cli_flag
+
+    flags = {f.name: cli_flag(f) or f.name for f in fields(settings)}
+    return {flags[name]: value for name, value in settings.identity().items()}
+
+
 def settings_from_args(args: argparse.Namespace) -> Any:
     """The :class:`~tl_geometry.pipeline.settings.AnalysisSettings` of the options: the preset with those given replaced.
 
@@ -188,7 +210,7 @@ def add_parser(sub: Any) -> None:
         help=f"mean-ablate each head over the first window's first {ABLATION_TOKENS} tokens for the report's effect "
         "by regime (one forward pass per head: about 6 min for SmolLM2 on one CPU thread)",
     )
-    add_out_options(run, "runs/default", "run")
+    add_out_options(run, "runs/default", "run", not_settings=settings_dests())
     run.set_defaults(handler=run_command)
 
 
@@ -201,6 +223,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     world = World.sharding_from_env()
     settings = settings_from_args(args)
+    args.resolved_settings = resolved_settings(settings)
     device = device_from_args(args, world)
     check_weight_dtype(args.dtype, device)
     out = out_path(args)
@@ -403,6 +426,8 @@ __all__ = [
     "add_settings_options",
     "check_before_load",
     "check_weight_dtype",
+    "resolved_settings",
     "run_command",
+    "settings_dests",
     "settings_from_args",
 ]

@@ -89,7 +89,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random ranking (default 0)")
     p.add_argument("--batch-size", type=int, default=4, help="windows per forward pass (default 4)")
-    add_out_options(p, "runs/sparsify", "curve")
+    add_out_options(p, "runs/sparsify", "curve", not_settings=("full",))  # --full: the defaults of three options
     p.set_defaults(handler=sparsify_command)
 
 
