@@ -208,7 +208,15 @@ class AnalysisResult:
         tokens = self.tokens
         if tokens is not None:
             write_atomic(out / "tokens.npy", functools.partial(save_array, tokens.cpu().numpy()))
-        meta = {"format": RESULT_FORMAT, "model": asdict(self.model), "config": self.config, "timings": self.timings}
+        from tl_geometry import __version__
+
+        meta = {
+            "format": RESULT_FORMAT,
+            "version": __version__,
+            "model": asdict(self.model),
+            "config": self.config,
+            "timings": self.timings,
+        }
         write_json_atomic(out / "result.json", meta)
         return out
 
@@ -267,7 +275,37 @@ def _read_result_json(src: Path) -> dict:
             f"{file} was written by another version of tl_geometry (format {found}, this one reads "
             f"{RESULT_FORMAT}): analyse again with this version"
         )
+    check_result_entries(file, meta)
     return meta
+
+
+def check_result_entries(file: Path, meta: dict) -> None:
+    """``result.json``'s ``model`` (every :class:`ModelInfo` field, no other), ``config`` and
+    ``timings`` (dicts) as this version reads them; else one :class:`InputError` naming the version
+    that wrote ``file`` (its ``version``; files before it was recorded have none)."""
+    from tl_geometry import __version__
+
+    known = {f.name for f in fields(ModelInfo)}
+    model, problem = meta.get("model"), None
+    if not isinstance(model, dict):
+        problem = "no 'model' entry"
+    elif set(model) - known:
+        problem = f"model keys this version does not know: {sorted(set(model) - known)}"
+    elif known - set(model):
+        problem = f"no model keys {sorted(known - set(model))}"
+    elif not isinstance(meta.get("config"), dict):
+        problem = "no 'config' entry"
+    elif not isinstance(meta.get("timings", {}), dict):
+        problem = "a 'timings' entry that is not a mapping"
+    if problem is None:
+        return
+    wrote = meta.get("version")
+    by = f"tl_geometry {wrote}" if isinstance(wrote, str) else "a tl_geometry that did not record its version"
+    use = f"read it with tl_geometry {wrote}, or analyse" if isinstance(wrote, str) else "analyse"
+    raise InputError(
+        f"{file} was written by {by} and holds {problem}: tl_geometry {__version__} cannot read it; {use} again "
+        "with this version"
+    )
 
 
 def _read_saved(path: Path, read: Any) -> Any:

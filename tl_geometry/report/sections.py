@@ -282,8 +282,22 @@ def head_types_summary(table: pd.DataFrame | None) -> Summary:
 
 
 def read_run_info(text: str) -> dict | None:
+    """``run.json`` as the header reads it: its ``timings`` (numbers), ``versions`` (a mapping) and
+    ``python`` (a string) kept only in those shapes, so a file of another version (or edited by
+    hand) never stops the report; None if it is not a JSON object."""
     try:
         data = json.loads(text)
     except ValueError:
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    timings = data.get("timings")
+    if isinstance(timings, dict):
+        data["timings"] = {str(k): v for k, v in timings.items() if isinstance(v, (int, float))}
+    else:
+        data.pop("timings", None)
+    if not isinstance(data.get("versions"), dict):
+        data.pop("versions", None)
+    if not isinstance(data.get("python"), str):
+        data.pop("python", None)
+    return data
