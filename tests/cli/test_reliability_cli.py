@@ -295,7 +295,17 @@ def damage_state(progress: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("damage", [damage_progress, damage_part, damage_state])
+def damage_part_inside(progress: Path) -> Path:
+    """4 KB (at most) changed in the middle of a part: it still parses, its SHA-256 differs."""
+    path = sorted((progress / "separability").glob("part-*.parquet"))[0]
+    data = path.read_bytes()
+    n = min(4096, len(data) // 4)
+    start = len(data) // 2 - n // 2
+    path.write_bytes(data[:start] + bytes(255 - b for b in data[start : start + n]) + data[start + n :])
+    return path
+
+
+@pytest.mark.parametrize("damage", [damage_progress, damage_part, damage_part_inside, damage_state])
 def test_resume_of_a_damaged_store_names_the_file(interrupted_run, capsys, damage) -> None:
     out, args = interrupted_run
     path = damage(out / "progress")

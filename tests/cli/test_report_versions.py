@@ -86,3 +86,51 @@ def test_report_reads_a_run_json_of_odd_shape(finished, capsys) -> None:
             assert "Traceback" not in capsys.readouterr().err
     finally:
         path.write_text(saved)
+
+
+# ----------------------------------------------------------------------------- checksums of what a run wrote
+
+
+def overwrite_middle(path: Path) -> bytes:
+    """Overwrite up to 4 KB in the middle of ``path`` (the footer intact: the file still parses); the old bytes."""
+    data = path.read_bytes()
+    n = min(4096, len(data) // 4)
+    start = len(data) // 2 - n // 2
+    path.write_bytes(data[:start] + bytes(255 - b for b in data[start : start + n]) + data[start + n :])
+    return data
+
+
+@pytest.mark.parametrize("name", ["separability.parquet", "heads.parquet", "tokens.npy"])
+def test_report_names_a_file_changed_after_it_was_written(finished, capsys, name) -> None:
+    """Issue 47: 4 KB overwritten in the middle of a finished table went unnoticed (report exit 0)."""
+    path = finished / name
+    saved = overwrite_middle(path)
+    try:
+        assert main(["report", str(finished)]) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert f"{path} is not the file that was written" in line and "SHA-256" in line
+    finally:
+        path.write_bytes(saved)
+    assert main(["report", str(finished)]) == 0
+
+
+def test_load_result_refuses_a_changed_table(finished) -> None:
+    path = finished / "separability.parquet"
+    saved = overwrite_middle(path)
+    try:
+        with pytest.raises(tlg.InputError, match="SHA-256"):
+            tlg.load_result(finished)
+    finally:
+        path.write_bytes(saved)
+    assert tlg.load_result(finished).model.name
+
+
+def test_a_result_without_checksums_still_reads(finished) -> None:
+    """A directory written before checksums were recorded: nothing to compare, read as before."""
+    manifest = finished / "checksums.json"
+    saved = manifest.read_bytes()
+    manifest.unlink()
+    try:
+        assert tlg.load_result(finished).model.name
+    finally:
+        manifest.write_bytes(saved)

@@ -111,6 +111,7 @@ def _budgets(args: argparse.Namespace, options: dict) -> int:
     import tl_geometry as tlg
     from tl_geometry.competition import evaluate_budgets
     from tl_geometry.corpus import from_tokens
+    from tl_geometry.io.checksums import write_checked
 
     print(f"loading {args.model} ...", file=sys.stderr)
     model = tlg.load_model(args.model)
@@ -138,9 +139,9 @@ def _budgets(args: argparse.Namespace, options: dict) -> int:
             )
         chosen.sort(key=lambda b: (b.mean_budget, options["rules"].index(b.rule)))
         table = evaluate_budgets(model, held_out, chosen, batch_size=args.batch_size, out_dir=out, progress=progress)
-    table.to_parquet(out / "budgets.parquet", index=False)
+    write_checked(out / "budgets.parquet", lambda p: table.to_parquet(p, index=False))
     heads = pd.concat([b.table().assign(rule=b.rule, mean_budget=b.mean_budget) for b in chosen], ignore_index=True)
-    heads.to_parquet(out / "head_budgets.parquet", index=False)
+    write_checked(out / "head_budgets.parquet", lambda p: heads.to_parquet(p, index=False))
     from tl_geometry.report.budgets import write_budgets_report
 
     page = write_budgets_report(out, table, {"model": args.model, "rules": ",".join(options["rules"])})

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from tl_geometry.errors import TLGeometryError
+from tl_geometry.io.checksums import CHECKSUMS_FILE
 from tl_geometry.io.files import write_json_atomic
 from tl_geometry.io.lock import HOLDER_FILE, LOCK_FILE, RunLock
 
@@ -406,6 +407,7 @@ WRITTEN_FILES = tuple(
         "*.csv",
         "run.json",
         "result.json",
+        CHECKSUMS_FILE,
         "curve.json",
         "tokens.npy",
         *(
@@ -494,7 +496,7 @@ def claim_out(out: Path, args: argparse.Namespace) -> None:
     version of tl_geometry; it is rewritten unless a run is resumed (``out`` holds results). ``out``
     itself is never deleted, only its contents: the lock it holds stays in place.
     """
-    from tl_geometry import __version__
+    from tl_geometry.io.environment import package_version
 
     try:
         if args.force and holds_results(out):
@@ -508,7 +510,7 @@ def claim_out(out: Path, args: argparse.Namespace) -> None:
                     entry.unlink()
         out.mkdir(parents=True, exist_ok=True)
         if not is_run_dir(out) or args.force or not holds_results(out):
-            mark = {"command": command_line(args), "settings": run_settings(args), "version": __version__}
+            mark = {"command": command_line(args), "settings": run_settings(args), "version": package_version()}
             write_json_atomic(out / MARKER_FILE, mark)
     except OSError as exc:
         raise TLGeometryError(f"cannot write to --out {out}: {exc.strerror or exc}; choose another --out") from None

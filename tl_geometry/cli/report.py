@@ -66,12 +66,15 @@ def check_finished(src: Path) -> None:
 
 
 def check_saved_tables(src: Path) -> None:
-    """Every table of a run directory readable (a truncated one is named, not a traceback)."""
+    """Every table of a run directory readable (a truncated one is named, not a traceback), and
+    every file its checksums list as it was written (:mod:`tl_geometry.io.checksums`)."""
     import pyarrow.parquet as pq
 
+    from tl_geometry.io.checksums import verify_checksums
     from tl_geometry.pipeline.result import load_result
 
     load_result(src)
+    verify_checksums(src, advice=f"run the analysis again (tl-geometry run --force --out {src})")
     for path in sorted(src.glob("*.parquet")):
         try:
             pq.read_metadata(path)

@@ -286,6 +286,7 @@ def _run(args: argparse.Namespace, settings: Any, device: Any, out: Path, corpus
         world.barrier()
 
     import tl_geometry as tlg
+    from tl_geometry.io.checksums import write_checked
     from tl_geometry.io.environment import installed_versions
     from tl_geometry.io.files import write_json_atomic
     from tl_geometry.io.store import StoreError
@@ -332,12 +333,12 @@ def _run(args: argparse.Namespace, settings: Any, device: Any, out: Path, corpus
     t1 = time.perf_counter()
     result.save(out)
     heads = result.classify_heads(query_pos=result.config["query_positions"][-1])
-    heads.to_parquet(out / "heads.parquet", index=False)
+    write_checked(out / "heads.parquet", lambda p: heads.to_parquet(p, index=False))
     grid = head_grid_html(model, result.tokens[0, :GRID_TOKENS], heads, max_heads=GRID_HEADS)
     (out / "head_grid.html").write_text(grid, encoding="utf-8")
     if args.mean_ablation:
         effects = tlg.intervention.patching.mean_ablation(model, result.tokens[:1, :ABLATION_TOKENS])
-        effects.to_parquet(out / EFFECTS_FILE, index=False)
+        write_checked(out / EFFECTS_FILE, lambda p: effects.to_parquet(p, index=False))
     versions = installed_versions()
     run_info = {
         "model": result.model.__dict__,

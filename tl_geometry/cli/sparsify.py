@@ -205,11 +205,11 @@ def _sparsify(args: argparse.Namespace, options: dict, out: Path, world: Any) ->
 
 
 def write_table(out: Path, name: str, table: Any) -> Path:
-    """Write ``table`` as ``out/NAME.parquet`` (atomically) and delete the ``NAME.csv`` an earlier
-    version wrote there (an ``--out`` of tl_geometry 0.2 continued with ``--resume``)."""
-    from tl_geometry.io.files import write_atomic
+    """Write ``table`` as ``out/NAME.parquet`` (atomically, its SHA-256 recorded) and delete the
+    ``NAME.csv`` an earlier version wrote there (an ``--out`` of tl_geometry 0.2 continued with ``--resume``)."""
+    from tl_geometry.io.checksums import write_checked
 
-    path = write_atomic(out / f"{name}.parquet", lambda p: table.to_parquet(p, index=False))
+    path = write_checked(out / f"{name}.parquet", lambda p: table.to_parquet(p, index=False))
     (out / f"{name}.csv").unlink(missing_ok=True)
     return path
 

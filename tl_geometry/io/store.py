@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from tl_geometry.errors import InputError
+from tl_geometry.io.checksums import file_sha256
 from tl_geometry.io.files import write_atomic
 from tl_geometry.io.rows_on_disk import RowsOnDisk, merge_parts
 from tl_geometry.models import ModelInfo
@@ -231,6 +232,7 @@ class RunStore:
         self.states_dir.mkdir(parents=True, exist_ok=True)
         name = f"part-{seq_ids[0]:06d}-{seq_ids[-1]:06d}.parquet"
         write_atomic(self.parts_dir / name, lambda p: table.to_parquet(p, index=False))
+        self.progress.setdefault("checksums", {})[name] = file_sha256(self.parts_dir / name)
         n_done = len(self.progress["done"]) + len(seq_ids)
         old_files = set(self.progress["states"].values())
         new_files = {}
@@ -311,6 +313,8 @@ class RunStore:
     def _check_parts(self) -> None:
         import pyarrow.parquet as pq
 
+        checksums = self.progress.get("checksums")
+        checksums = checksums if isinstance(checksums, dict) else {}
         for name in self.progress["parts"]:
             path = self.parts_dir / name
             if not path.is_file():
@@ -319,6 +323,9 @@ class RunStore:
                 pq.read_metadata(path)
             except Exception as exc:  # pyarrow raises ArrowInvalid / OSError on a truncated file
                 raise self._damaged(path, f"not a readable parquet file: {type(exc).__name__}") from None
+            recorded = checksums.get(name)  # a store of a version before checksums has none
+            if recorded is not None and file_sha256(path) != recorded:
+                raise self._damaged(path, "its SHA-256 differs from the one recorded when it was written")
 
     def _read_part(self, name: str) -> pd.DataFrame:
         path = self.parts_dir / name

@@ -24,7 +24,9 @@ from torch import Tensor
 from tl_geometry.capture.observers import LOCAL_ERROR_METRICS, SEPARABILITY_METRICS
 from tl_geometry.capture.tables import REFERENCE_RANKING, attention_rows
 from tl_geometry.errors import InputError
-from tl_geometry.io.files import write_atomic, write_json_atomic
+from tl_geometry.io.checksums import verify_checksums, write_checked
+from tl_geometry.io.environment import package_version
+from tl_geometry.io.files import write_json_atomic
 from tl_geometry.io.row_sums import group_sums, means_of_sums
 from tl_geometry.io.rows_on_disk import RowsOnDisk
 from tl_geometry.models import ModelInfo
@@ -195,24 +197,23 @@ class AnalysisResult:
     def save(self, directory: str | Path) -> Path:
         """Write every table as ``NAME.parquet``, the windows (if known) as ``tokens.npy`` and the rest as
         ``result.json`` (with the format version) into ``directory`` (created if needed);
-        :func:`load_result` reads it back. ``result.json`` is written last."""
+        :func:`load_result` reads it back. Each file's SHA-256 is recorded as it is finished
+        (:mod:`tl_geometry.io.checksums`); ``result.json`` is written last."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         tables: dict[str, pd.DataFrame | RowsOnDisk | None] = {"separability": self.rows}
         tables.update((name, getattr(self, name)) for name in TABLES)
         for name, table in tables.items():
             if isinstance(table, RowsOnDisk):  # rows still on disk are copied, not read
-                write_atomic(out / f"{name}.parquet", functools.partial(shutil.copyfile, table.path))
+                write_checked(out / f"{name}.parquet", functools.partial(shutil.copyfile, table.path))
             elif isinstance(table, pd.DataFrame):
-                write_atomic(out / f"{name}.parquet", functools.partial(table.to_parquet, index=False))
+                write_checked(out / f"{name}.parquet", functools.partial(table.to_parquet, index=False))
         tokens = self.tokens
         if tokens is not None:
-            write_atomic(out / "tokens.npy", functools.partial(save_array, tokens.cpu().numpy()))
-        from tl_geometry import __version__
-
+            write_checked(out / "tokens.npy", functools.partial(save_array, tokens.cpu().numpy()))
         meta = {
             "format": RESULT_FORMAT,
-            "version": __version__,
+            "version": package_version(),
             "model": asdict(self.model),
             "config": self.config,
             "timings": self.timings,
@@ -247,11 +248,14 @@ def load_result(directory: str | Path) -> AnalysisResult:
     """Read an :class:`AnalysisResult` written by :meth:`AnalysisResult.save` (or ``tl-geometry run``).
 
     Raises :class:`InputError` naming the file when ``directory`` holds no result, a result of
-    another format version, or a damaged file.
+    another format version, or a damaged file (or one whose SHA-256 is not the one recorded when
+    it was written).
     """
     src = Path(directory)
     meta = _read_result_json(src)
     tables = {name: src / f"{name}.parquet" for name in TABLES}
+    files = ["separability.parquet", "tokens.npy", *(path.name for path in tables.values())]
+    verify_checksums(src, files, advice=f"the saved result in {src} cannot be trusted; analyse again")
     return AnalysisResult(
         rows=_read_saved(src / "separability.parquet", RowsOnDisk.of),
         model=ModelInfo(**meta["model"]),
@@ -283,8 +287,6 @@ def check_result_entries(file: Path, meta: dict) -> None:
     """``result.json``'s ``model`` (every :class:`ModelInfo` field, no other), ``config`` and
     ``timings`` (dicts) as this version reads them; else one :class:`InputError` naming the version
     that wrote ``file`` (its ``version``; files before it was recorded have none)."""
-    from tl_geometry import __version__
-
     known = {f.name for f in fields(ModelInfo)}
     model, problem = meta.get("model"), None
     if not isinstance(model, dict):
@@ -303,7 +305,7 @@ def check_result_entries(file: Path, meta: dict) -> None:
     by = f"tl_geometry {wrote}" if isinstance(wrote, str) else "a tl_geometry that did not record its version"
     use = f"read it with tl_geometry {wrote}, or analyse" if isinstance(wrote, str) else "analyse"
     raise InputError(
-        f"{file} was written by {by} and holds {problem}: tl_geometry {__version__} cannot read it; {use} again "
+        f"{file} was written by {by} and holds {problem}: tl_geometry {package_version()} cannot read it; {use} again "
         "with this version"
     )
 
