@@ -305,7 +305,50 @@ def damage_part_inside(progress: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("damage", [damage_progress, damage_part, damage_part_inside, damage_state])
+def truncate_part(progress: Path) -> Path:
+    path = sorted((progress / "separability").glob("part-*.parquet"))[-1]
+    path.write_bytes(path.read_bytes()[:100])
+    return path
+
+
+@pytest.mark.parametrize("damage", [damage_part, damage_part_inside, truncate_part])
+def test_resume_redoes_a_damaged_part_and_keeps_the_rest(interrupted_run, tmp_path, capsys, damage) -> None:
+    """Issue 47: one window's part missing, truncated or changed inside: --resume computes that
+    window's rows again (the saved states already hold it) and keeps every other window; every
+    table equals an uninterrupted run's."""
+    out, args = interrupted_run
+    damage(out / "progress")
+    code, _, err = run([*args, "--resume"], capsys)
+    assert code == 0, err
+    whole = tmp_path / "whole"
+    code, _, err = run([*args[:2], str(whole), *args[3:]], capsys)
+    assert code == 0, err
+    tables = sorted(p.name for p in whole.glob("*.parquet"))
+    assert tables == sorted(p.name for p in out.glob("*.parquet")) and "separability.parquet" in tables
+    for name in tables:
+        pd.testing.assert_frame_equal(pd.read_parquet(out / name), pd.read_parquet(whole / name), check_exact=True)
+    assert not (out / "progress").exists()
+
+
+def test_resume_recomputes_only_the_damaged_window(interrupted_run, capsys, monkeypatch) -> None:
+    import tl_geometry.pipeline.loop as analysis
+
+    out, args = interrupted_run
+    done = json.loads((out / "progress" / "progress.json").read_text())["done"]
+    damage_part_inside(out / "progress")
+    real, seen = analysis.run_streaming, []
+
+    def counted(model, info, tokens, ids, *rest, **kw):
+        seen.extend(int(i) for i in ids)
+        return real(model, info, tokens, ids, *rest, **kw)
+
+    monkeypatch.setattr(analysis, "run_streaming", counted)
+    code, _, err = run([*args, "--resume"], capsys)
+    assert code == 0, err
+    assert len(done) == 2 and sorted(seen) == sorted([done[0], *(i for i in range(3) if i not in done)])
+
+
+@pytest.mark.parametrize("damage", [damage_progress, damage_state])
 def test_resume_of_a_damaged_store_names_the_file(interrupted_run, capsys, damage) -> None:
     out, args = interrupted_run
     path = damage(out / "progress")

@@ -179,6 +179,11 @@ class RunStore:
         The run's identity (:func:`run_identity`), recorded, and compared with a saved one.
     resume : bool, default True
         Continue a saved run with the same identity; False refuses a directory that holds one.
+    repair : bool, default False
+        A part that is missing, unreadable or not as written (its SHA-256) is listed in
+        :attr:`damaged` (part name: its windows) for the caller to compute again and
+        :meth:`replace_part`, instead of refused; a part of a store that did not record its
+        windows (before tl_geometry recorded them) is still refused.
 
     Raises
     ------
@@ -188,12 +193,16 @@ class RunStore:
         The directory holds a run and ``resume`` is False, or cannot be created.
     """
 
-    def __init__(self, directory: str | Path, identity: dict[str, Any], *, resume: bool = True) -> None:
+    def __init__(
+        self, directory: str | Path, identity: dict[str, Any], *, resume: bool = True, repair: bool = False
+    ) -> None:
         self.dir = Path(directory)
         self.parts_dir = self.dir / PARTS_DIR
         self.states_dir = self.dir / STATES_DIR
         self.progress_file = self.dir / PROGRESS_FILE
         self.identity = json.loads(json.dumps(identity, default=str))  # as it reads back from JSON
+        self.repair = repair
+        self.damaged: dict[str, list[int]] = {}
         self._make_directory()
         if self.progress_file.exists():
             if not resume:
@@ -233,6 +242,7 @@ class RunStore:
         name = f"part-{seq_ids[0]:06d}-{seq_ids[-1]:06d}.parquet"
         write_atomic(self.parts_dir / name, lambda p: table.to_parquet(p, index=False))
         self.progress.setdefault("checksums", {})[name] = file_sha256(self.parts_dir / name)
+        self.progress.setdefault("part_seqs", {})[name] = [int(i) for i in seq_ids]
         n_done = len(self.progress["done"]) + len(seq_ids)
         old_files = set(self.progress["states"].values())
         new_files = {}
@@ -247,6 +257,18 @@ class RunStore:
         write_atomic(self.progress_file, lambda p: p.write_text(record, encoding="utf-8"))
         for file in old_files - set(new_files.values()):
             (self.states_dir / file).unlink(missing_ok=True)
+
+    def replace_part(self, name: str, table: pd.DataFrame) -> None:
+        """Write ``table`` (the rows computed again) as the damaged part ``name`` (of :attr:`damaged`),
+        and record its new SHA-256; the windows done and the states are unchanged."""
+        if name not in self.damaged:
+            raise ValueError(f"{name} is not a damaged part of {self.dir}")
+        path = self.parts_dir / name
+        write_atomic(path, lambda p: table.to_parquet(p, index=False))
+        self.progress.setdefault("checksums", {})[name] = file_sha256(path)
+        record = json.dumps(self.progress)
+        write_atomic(self.progress_file, lambda p: p.write_text(record, encoding="utf-8"))
+        del self.damaged[name]
 
     def discard_if_unused(self) -> None:
         """Remove the directories this store made if no batch was recorded (after a failed first batch),
@@ -315,17 +337,28 @@ class RunStore:
 
         checksums = self.progress.get("checksums")
         checksums = checksums if isinstance(checksums, dict) else {}
+        seqs = self.progress.get("part_seqs")
+        seqs = seqs if isinstance(seqs, dict) else {}
         for name in self.progress["parts"]:
             path = self.parts_dir / name
+            why = None
             if not path.is_file():
-                raise self._damaged(path, "missing")
-            try:
-                pq.read_metadata(path)
-            except Exception as exc:  # pyarrow raises ArrowInvalid / OSError on a truncated file
-                raise self._damaged(path, f"not a readable parquet file: {type(exc).__name__}") from None
+                why = "missing"
+            else:
+                try:
+                    pq.read_metadata(path)
+                except Exception as exc:  # pyarrow raises ArrowInvalid / OSError on a truncated file
+                    why = f"not a readable parquet file: {type(exc).__name__}"
             recorded = checksums.get(name)  # a store of a version before checksums has none
-            if recorded is not None and file_sha256(path) != recorded:
-                raise self._damaged(path, "its SHA-256 differs from the one recorded when it was written")
+            if why is None and recorded is not None and file_sha256(path) != recorded:
+                why = "its SHA-256 differs from the one recorded when it was written"
+            if why is None:
+                continue
+            windows = seqs.get(name)
+            if self.repair and isinstance(windows, list) and all(isinstance(i, int) for i in windows) and windows:
+                self.damaged[name] = windows
+                continue
+            raise self._damaged(path, why)
 
     def _read_part(self, name: str) -> pd.DataFrame:
         path = self.parts_dir / name

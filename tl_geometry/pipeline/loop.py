@@ -48,7 +48,9 @@ def run_analysis(
     process's shard under torchrun (:mod:`tl_geometry.pipeline.torchrun`); the tables' ``seq`` column keeps
     the index of the window in ``plan.tokens``, and the accumulators hold those windows only.
     """
-    store = RunStore(out_dir, plan.identity(), resume=resume) if out_dir is not None else None
+    store = RunStore(out_dir, plan.identity(), resume=resume, repair=True) if out_dir is not None else None
+    if store is not None:
+        redo_damaged_parts(plan, store)
     wiring = Wiring.build(plan)
     if store is not None:
         wiring.load_states(store.states)
@@ -71,6 +73,16 @@ def run_analysis(
         table = pd.concat(kept, ignore_index=True) if kept else empty
     timings = {"total_s": total_s, "forward_s": total_s - analysis["analysis_s"], **analysis}
     return assemble(plan, wiring, table, timings)
+
+
+def redo_damaged_parts(plan: AnalysisPlan, store: RunStore) -> None:
+    """Compute again the rows of every damaged part of ``store`` (:attr:`RunStore.damaged`) and
+    write them in its place. The saved states already hold those windows: only the row observers
+    run (each window's rows do not depend on the others)."""
+    for name, windows in list(store.damaged.items()):
+        rows_only = Wiring(Wiring.build(plan).rows, {})
+        kept, _ = run_batches(plan, rows_only, None, sorted(windows), False, 0)
+        store.replace_part(name, pd.concat(kept, ignore_index=True))
 
 
 @dataclass
