@@ -417,6 +417,46 @@ def test_report_on_an_interrupted_run_suggests_a_command_that_works(interrupted_
     assert code == 0
 
 
+def test_report_on_a_copied_interrupted_run_names_the_copy(interrupted_run, tmp_path, capsys) -> None:
+    """Issue 47: the advice named the --out the run was started in, not the directory given."""
+    import shutil
+
+    out, _ = interrupted_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    before = snapshot(out)
+    code, _, err = run(["report", str(copy)], capsys)
+    command = shlex.split(one_error_line(err).split("`")[1])
+    assert code == 2 and command[command.index("--out") + 1] == str(copy) and str(out) not in command
+    code, _, err = run(command[1:], capsys)
+    assert code == 0, err
+    assert (copy / "result.json").is_file() and snapshot(out) == before
+
+
+def test_resume_command_keeps_an_out_that_names_the_directory(tmp_path, monkeypatch) -> None:
+    from tl_geometry.cli.common import resume_command
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r").mkdir()
+    assert resume_command(["tl-geometry", "run", "--out", "r", "--force"], tmp_path / "r") == (
+        "tl-geometry run --out r --resume"
+    )
+    assert resume_command(["tl-geometry", "run", "--out=old"], tmp_path / "r") == (
+        f"tl-geometry run --resume --out {tmp_path / 'r'}"
+    )
+    assert resume_command(["tl-geometry", "budgets"], tmp_path / "r").endswith(f"--resume --out {tmp_path / 'r'}")
+
+
+def test_report_on_a_foreign_directory_leaves_nothing_in_it(tmp_path, capsys, no_model) -> None:
+    """Issue 47: `report` left its lock file in a directory it did not write."""
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "todo.txt").write_text("mine")
+    code, _, err = run(["report", str(foreign)], capsys)
+    assert code == 2 and "no result" in one_error_line(err)
+    assert sorted(p.name for p in foreign.iterdir()) == ["todo.txt"]
+
+
 def test_resume_mismatch_names_only_the_difference(tmp_path, llama_bridge) -> None:
     corpus = tlg.corpus.from_texts(TEXT, n_seqs=2, seq_len=16)
     tlg.analyze(llama_bridge, corpus, ns=[1, 2, 4], out_dir=tmp_path, progress=False)

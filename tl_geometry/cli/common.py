@@ -552,11 +552,28 @@ def command_line(args: argparse.Namespace) -> list[str]:
 
 
 def resume_command(command: list[str] | None, out: Path) -> str:
-    """The command that continues an interrupted run: its own, without ``--force``, with ``--resume``."""
+    """The command that continues an interrupted run in ``out``: its own, without ``--force``, with
+    ``--resume``, and with ``--out out`` unless its ``--out`` is that directory (a run copied or
+    moved elsewhere continues where it is now)."""
     if not command:
         return f"tl-geometry run --resume --out {shlex.quote(str(out))} with the options it was started with"
     words = [w for w in command if w != "--force"]
-    return shlex.join(words if "--resume" in words else [*words, "--resume"])
+    words = words if "--resume" in words else [*words, "--resume"]
+    at = next((i for i, w in enumerate(words) if w == "--out" or w.startswith("--out=")), None)
+    given = None if at is None else words[at + 1 : at + 2] if words[at] == "--out" else [words[at][len("--out=") :]]
+    if given and same_directory(given[0], out):
+        return shlex.join(words)
+    if at is not None:
+        words = [*words[:at], *words[at + (2 if words[at] == "--out" else 1) :]]
+    return shlex.join([*words, "--out", str(out)])
+
+
+def same_directory(path: str, out: Path) -> bool:
+    """Whether ``path`` (as typed, from the working directory) is the directory ``out``."""
+    try:
+        return Path(path).expanduser().resolve() == Path(out).resolve()
+    except OSError:
+        return False
 
 
 def marked_command(out: Path) -> list[str] | None:
@@ -602,6 +619,7 @@ __all__ = [
     "remove_written",
     "resumable",
     "resume_command",
+    "same_directory",
     "run_locked",
     "run_settings",
 ]

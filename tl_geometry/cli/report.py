@@ -32,6 +32,8 @@ def report_command(args: argparse.Namespace) -> int:
     src = Path(args.dir)
     if not src.is_dir():
         raise TLGeometryError(f"{src} is not a directory: give the --out directory of a `tl-geometry run`")
+    if not is_run_dir(src):
+        check_finished(src)  # a directory tl-geometry did not write is refused before its lock is made there
     with RunLock(src, command_line(args), use_instead="a finished run's directory"):
         check_finished(src)
         check_saved_tables(src)
