@@ -20,7 +20,7 @@ import sys
 from typing import NoReturn
 
 from tl_geometry.cli import budgets, context, fact, report, run, sparsify
-from tl_geometry.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, SavedInterrupt
+from tl_geometry.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, GroupError, SavedInterrupt
 from tl_geometry.errors import TLGeometryError
 from tl_geometry.runtime.allocator import keep_freed_memory
 
@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args))
     except TLGeometryError as exc:
-        print(f"tl-geometry: error: {exc}", file=sys.stderr)
+        if not isinstance(exc, GroupError) or exc.shown:  # a torchrun group's error: once, not once per rank
+            print(f"tl-geometry: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:  # a file system that refuses a write: say which file, not a traceback
         where = f" ({exc.filename})" if exc.filename else ""

@@ -305,7 +305,7 @@ def locked_out(out: Path, args: argparse.Namespace, world: World | None = None) 
     if world is not None:
         refused = world.share(refused)
     if refused is not None:
-        raise TLGeometryError(refused)
+        raise TLGeometryError(refused) if world is None else GroupError(refused, shown=world.is_main)
     try:
         yield lock
     finally:
@@ -519,6 +519,15 @@ def claim_out(out: Path, args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------- a resumable command
 
 
+class GroupError(TLGeometryError):
+    """An error every rank of a torchrun group raises alike (the lock refused to the group):
+    ``main`` prints it on the rank where ``shown`` is True (rank 0) only."""
+
+    def __init__(self, message: str, shown: bool) -> None:
+        super().__init__(message)
+        self.shown = shown
+
+
 class SavedInterrupt(KeyboardInterrupt):
     """Ctrl-C in a command whose work so far is saved; its message is the line ``main`` prints
     (after ``tl-geometry: ``) before exiting with :data:`EXIT_INTERRUPTED`."""
@@ -588,6 +597,7 @@ def marked_command(out: Path) -> list[str] | None:
 __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_USAGE",
+    "GroupError",
     "MARKER_FILE",
     "PRESENTATION_OPTIONS",
     "SavedInterrupt",
