@@ -142,6 +142,20 @@ def test_a_resumed_evaluation_runs_no_pass(bridge, windows, tmp_path, monkeypatc
     assert evaluate_budgets(bridge, from_tokens(windows[1]), [chosen], out_dir=tmp_path, progress=False).equals(first)
 
 
+def test_other_budgets_of_one_rule_and_mean_are_measured_not_read(bridge, windows, tmp_path) -> None:
+    """Issue 47: the loss saved for one allocation was read back for another of the same rule and B."""
+    import dataclasses
+
+    uniform = head_budgets(bridge, from_tokens(windows[0]), mean_budget=2, rule="uniform")
+    n = uniform.n.clone()
+    n[0, 0], n[0, 1] = 1, 3  # the same mean budget, other heads' sizes
+    other = dataclasses.replace(uniform, n=n)
+    first = evaluate_budgets(bridge, from_tokens(windows[1]), [uniform], out_dir=tmp_path, progress=False)
+    second = evaluate_budgets(bridge, from_tokens(windows[1]), [other], out_dir=tmp_path, progress=False)
+    fresh = evaluate_budgets(bridge, from_tokens(windows[1]), [other], progress=False)
+    assert second.equals(fresh) and second.nll.iloc[0] != first.nll.iloc[0]
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

@@ -21,12 +21,14 @@ Examples
 
 from __future__ import annotations
 
+import hashlib
 import json
 import numbers
 from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
+import torch
 from tqdm.auto import tqdm
 
 from tl_geometry.competition.budgets import HeadBudgets, check_budgets
@@ -71,7 +73,8 @@ def evaluate_budgets(
         (shape, window length, mean budget met) before any pass.
     batch_size : windows per forward pass.
     out_dir : optional directory: every point is written to ``budgets.json`` as it is measured, and
-        a later call with the same model and windows skips the points already there.
+        a later call with the same model and windows skips the points already there (a point is
+        the budget itself, :func:`point_key`: other budgets of one rule and ``B`` are measured).
     progress : progress bar.
 
     Returns
@@ -102,7 +105,7 @@ def evaluate_budgets(
     nll_full = saved["full"] / n_tokens
     rows = []
     for budget in tqdm(budgets, desc="budgets", unit="point", disable=not progress):
-        key = f"{budget.rule}@{budget.mean_budget!r}"
+        key = point_key(budget)
         if key not in saved:
             with top_n_attention(model, n=budget.n, rank_by=budget.rank_by):
                 saved[key] = corpus_nll(model, tokens, batch_size, progress=False).total
@@ -123,6 +126,15 @@ def evaluate_budgets(
     return pd.DataFrame(rows, columns=EVALUATION_COLUMNS)
 
 
+def point_key(budget: HeadBudgets) -> str:
+    """The key of a budget's loss sum in ``budgets.json``: its rule and mean budget, then the
+    SHA-256 (16 hex digits) of what it keeps (every head's ``n`` and ranking), so that budgets chosen
+    with other settings are measured, not read from the point of the others."""
+    digest = hashlib.sha256(budget.n.to(torch.int64).contiguous().cpu().numpy().tobytes())
+    digest.update(json.dumps(sorted((f"{layer},{head}", r) for (layer, head), r in budget.rank_by.items())).encode())
+    return f"{budget.rule}@{budget.mean_budget!r}#{digest.hexdigest()[:16]}"
+
+
 def load_points(out_dir: str | Path | None, identity: dict) -> dict[str, float]:
     """The loss sums saved in ``out_dir`` (empty without one); a file of another model or windows is refused."""
     if out_dir is None or not (Path(out_dir) / EVALUATION_FILE).exists():
@@ -139,4 +151,4 @@ def save_points(out_dir: str | Path | None, identity: dict, points: dict[str, fl
         write_json_atomic(Path(out_dir) / EVALUATION_FILE, {"identity": identity, "points": points})
 
 
-__all__ = ["EVALUATION_COLUMNS", "EVALUATION_FILE", "evaluate_budgets", "load_points", "save_points"]
+__all__ = ["EVALUATION_COLUMNS", "EVALUATION_FILE", "evaluate_budgets", "load_points", "point_key", "save_points"]
