@@ -108,7 +108,7 @@ def test_report_names_a_file_changed_after_it_was_written(finished, capsys, name
     try:
         assert main(["report", str(finished)]) == 2
         line = one_error_line(capsys.readouterr().err)
-        assert f"{path} is not the file that was written" in line and "SHA-256" in line
+        assert f"{path} is damaged: its SHA-256 differs" in line
     finally:
         path.write_bytes(saved)
     assert main(["report", str(finished)]) == 0

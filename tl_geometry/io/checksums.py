@@ -62,7 +62,7 @@ def write_checked(path: str | Path, write: Callable[[Path], Any]) -> Path:
     >>> verify_checksums(folder)
     Traceback (most recent call last):
     ...
-    tl_geometry.io.checksums.ChecksumError: .../a.txt is not the file that was written (its SHA-256 differs ...
+    tl_geometry.io.checksums.ChecksumError: .../a.txt is damaged: its SHA-256 differs from the one recorded ...
     """
     path = write_atomic(path, write)
     record_checksums(path.parent, {path.name: file_sha256(path)})
@@ -78,8 +78,8 @@ def verify_checksums(directory: str | Path, names: Iterable[str] | None = None, 
         path = Path(directory) / name
         if path.is_file() and file_sha256(path) != sums[name]:
             raise ChecksumError(
-                f"{path} is not the file that was written (its SHA-256 differs from the one recorded in "
-                f"{CHECKSUMS_FILE}): it was changed or damaged since; {advice}"
+                f"{path} is damaged: its SHA-256 differs from the one recorded in {CHECKSUMS_FILE} when it "
+                f"was written (it was changed since); {advice}"
             )
 
 
