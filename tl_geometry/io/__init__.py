@@ -4,6 +4,7 @@
 * :mod:`~tl_geometry.io.rows_on_disk` — row tables merged and read from parquet parts;
 * :mod:`~tl_geometry.io.row_sums` — sums per group streamed from parquet: every mean over rows;
 * :mod:`~tl_geometry.io.files` — writes that leave either the old file or the new one;
+* :mod:`~tl_geometry.io.checksums` — the SHA-256 of each file a run writes, checked when read;
 * :mod:`~tl_geometry.io.lock` — one process per run directory;
 * :mod:`~tl_geometry.io.environment` — the package versions a run records.
 
