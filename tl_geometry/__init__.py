@@ -16,7 +16,6 @@ Sub-packages load on first use: ``tlg.plot``, ``tlg.report``, ``tlg.diagnostics`
 """
 
 from importlib import import_module
-from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
 from tl_geometry import moved
@@ -77,10 +76,8 @@ HOMES = {
     "ModelError": "tl_geometry.errors",
 }
 
-try:  # the version lives in pyproject.toml only; an installed package (editable too) carries it
-    __version__ = _metadata.version("tl-geometry")
-except _metadata.PackageNotFoundError:  # a source tree on sys.path that was never installed
-    __version__ = "0+unknown"
+#: From pyproject.toml, as the installed package (editable too) carries it (``0+unknown`` in a source tree never installed).
+__version__ = import_module("tl_geometry.io.environment").package_version()
 
 #: Sub-packages and modules imported on first attribute access (``tlg.plot`` imports plotly only then).
 SUBPACKAGES = (
