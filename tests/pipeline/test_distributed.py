@@ -236,14 +236,3 @@ def test_torchrun_sparsify_equals_one_process(tiny_dir: Path, tmp_path: Path) ->
         pd.testing.assert_frame_equal(a, b, check_exact=True)
     curve = pd.read_parquet(tmp_path / "two" / "curve.parquet")
     assert (curve.n_tokens == 5 * 23).all() and (curve.delta_nll_rel[curve.n < 24] != 0).any()
-
-
-def test_the_lock_refused_to_a_group_is_one_line(tmp_path: Path) -> None:
-    """Issue 47: the refusal was printed once per rank (torchrun's own report of the failed ranks follows it)."""
-    from tl_geometry.io.lock import RunLock
-
-    out = tmp_path / "busy"
-    with RunLock(out, ["holder"]):
-        done = _run(torchrun(tmp_path), ["--n-seqs", "2", "--seq-len", "16", "--out", str(out)], _env())
-    lines = [line for line in done.stderr.splitlines() if line.startswith("tl-geometry: error:")]
-    assert done.returncode != 0 and len(lines) == 1 and "in use by another tl-geometry process" in lines[0], done.stderr
