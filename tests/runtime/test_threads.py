@@ -128,3 +128,23 @@ def test_openmps_wait_policy_is_left_to_openmp_and_the_user():
     CPUs, OpenMP's own policy (spin briefly, then sleep) is the faster one (docs/performance.md)."""
     assert _wait_policy("/usr/bin/tl-geometry").strip() == "None"
     assert _wait_policy("notebook").strip() == "None"
+
+
+def test_a_nested_block_picks_afresh_and_the_users_count_inside_wins(monkeypatch, no_thread_variables):
+    """The count an enclosing block set is not the user's choice: a block inside (one batch of a loop
+    in a function that runs passes) samples again; a count the user sets inside is kept."""
+    counts = iter([3, 5, 7])
+    monkeypatch.setattr(threads, "free_threads", lambda cpus=None, busy=None: next(counts))
+    outer = torch.get_num_threads()
+    monkeypatch.setattr(threads, "TORCH_DEFAULT_THREADS", outer)
+    try:
+        with threads.analysis_threads("cpu") as first:
+            with threads.analysis_threads("cpu") as second:
+                assert (first, second, torch.get_num_threads()) == (3, 5, 5)
+            assert torch.get_num_threads() == 3
+            torch.set_num_threads(11)  # the user's, inside the block
+            with threads.analysis_threads("cpu") as third:
+                assert third == 11 == torch.get_num_threads()
+        assert torch.get_num_threads() == outer
+    finally:
+        torch.set_num_threads(outer)

@@ -54,6 +54,7 @@ from tl_geometry.intervention.localized import localized_loss
 from tl_geometry.intervention.loss import check_windows
 from tl_geometry.intervention.restrict import restrict_pattern
 from tl_geometry.models import ModelInfo, describe_model
+from tl_geometry.runtime.threads import runs_model
 
 RULES = ("uniform", "loss", "geometry", "duo", "streaming")
 #: Default coarse grid of sizes on which the ``loss``, ``geometry`` and ``duo`` rules measure each head.
@@ -292,6 +293,7 @@ def smallest_within(curves: Tensor, grid: Sequence[int], tolerance: float, k_ful
 # ----------------------------------------------------------------------------- the rules
 
 
+@runs_model
 def head_budgets(
     model: Any,
     corpus: Any,

@@ -43,6 +43,7 @@ from tl_geometry.intervention.curve import (
     sparsification_curve,
 )
 from tl_geometry.models import ModelInfo, describe_model
+from tl_geometry.runtime.threads import runs_model
 
 DEFAULT_CONTEXTS = (128, 256, 512, 1024)
 CONTEXT_COLUMNS = [
@@ -133,6 +134,7 @@ def check_context_inputs(info: ModelInfo, contexts: list[int], targets: Any, n_d
     return int(targets), None if n_docs is None else int(n_docs)
 
 
+@runs_model
 def context_scaling(
     model: Any,
     corpus: Any,

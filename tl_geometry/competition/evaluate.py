@@ -39,6 +39,7 @@ from tl_geometry.intervention.loss import check_windows, corpus_nll
 from tl_geometry.io.files import write_json_atomic
 from tl_geometry.io.store import StoreError, model_fingerprint, tokens_sha256
 from tl_geometry.models import describe_model
+from tl_geometry.runtime.threads import runs_model
 
 EVALUATION_FILE = "budgets.json"
 EVALUATION_COLUMNS = [
@@ -53,6 +54,7 @@ EVALUATION_COLUMNS = [
 ]
 
 
+@runs_model
 def evaluate_budgets(
     model: Any,
     corpus: Any,

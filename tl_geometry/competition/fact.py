@@ -44,6 +44,7 @@ from tl_geometry.corpus import TokenCorpus, as_corpus, encode_text, python_docs
 from tl_geometry.errors import InputError
 from tl_geometry.intervention.context import check_n, top_n_attention
 from tl_geometry.models import describe_model, hook_pattern_name
+from tl_geometry.runtime.threads import runs_model
 
 DEFAULT_AMOUNTS = (0, 64, 256, 1024)
 DEFAULT_NS = (1, 4, 16, 64)
@@ -177,6 +178,7 @@ def fact_rank_stats(row: Float[Tensor, "*units key"], fact_positions: Tensor) ->
     return fact_ranks.min(-1).values, fact_ranks.quantile(0.5, dim=-1), mass
 
 
+@runs_model
 def supporting_fact(
     model: Any,
     facts: Any = None,

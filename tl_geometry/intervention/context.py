@@ -31,6 +31,7 @@ from tl_geometry.core.rankings import check_rank_by, check_seed, ranking_scores,
 from tl_geometry.errors import InputError, ModelError
 from tl_geometry.intervention.restrict import restrict_pattern, restrict_pattern_per_head
 from tl_geometry.models import ModelInfo, describe_model, hook_pattern_name, hook_v_name
+from tl_geometry.runtime.threads import model_threads
 
 HOOK_Z = "blocks.{layer}.attn.hook_z"
 
@@ -388,23 +389,24 @@ def top_n_attention(
         for layer in range(info.n_layers)
         if bool((budget[layer] > 0).any())
     }
-    check_pattern_edits_honoured(model, info)
-    state = TopNAttention(
-        model=model,
-        info=info,
-        n=n,
-        rank_by=rank_by,
-        renormalize=renormalize,
-        units=units,
-        budget=budget,
-        rankings=rankings,
-        seed=seed,
-    )
-    state.attach()
-    try:
-        yield state
-    finally:
-        state.detach()
+    with model_threads(model):  # the probe and the passes in the block run on the CPUs free now
+        check_pattern_edits_honoured(model, info)
+        state = TopNAttention(
+            model=model,
+            info=info,
+            n=n,
+            rank_by=rank_by,
+            renormalize=renormalize,
+            units=units,
+            budget=budget,
+            rankings=rankings,
+            seed=seed,
+        )
+        state.attach()
+        try:
+            yield state
+        finally:
+            state.detach()
 
 
 __all__ = [

@@ -36,6 +36,7 @@ from tl_geometry.capture.tables import effect_frame
 from tl_geometry.core.checks import typechecked
 from tl_geometry.errors import InputError
 from tl_geometry.models import describe_model
+from tl_geometry.runtime.threads import runs_model
 
 #: Name of the per-head output hook (``[batch, pos, head, d_head]``), as ``utils.get_act_name("z", l)``.
 HOOK_Z = "blocks.{layer}.attn.hook_z"
@@ -107,6 +108,7 @@ def check_metric_value(value: Any) -> float:
     return number
 
 
+@runs_model
 def patch_head_out(
     model: Any,
     clean_tokens: Int[Tensor, "batch pos"],
@@ -184,6 +186,7 @@ def patch_head_out(
     return effects
 
 
+@runs_model
 def attribute_head_out(
     model: Any,
     clean_tokens: Int[Tensor, "batch pos"],
@@ -315,6 +318,7 @@ def _loss(logits: Tensor, tokens: Tensor) -> float:
     return float(F.cross_entropy(logits[:, :-1].double().flatten(0, 1), tokens[:, 1:].flatten()))
 
 
+@runs_model
 @typechecked
 def mean_ablation(model: Any, tokens: Int[Tensor, "batch pos"]) -> pd.DataFrame:
     """Loss change when one head's output is replaced by its mean, for every (layer, head).

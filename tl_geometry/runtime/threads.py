@@ -20,15 +20,20 @@ Example::
 
     with analysis_threads(torch.device("cpu")) as n:
         ...  # torch runs on n intra-op threads here; the previous count is restored after
+
+Every public function that runs a model's forward or backward passes takes its threads this way:
+:func:`model_threads` (a ``with`` block on a model's device) and :func:`runs_model` (a decorator
+for functions whose first argument, or ``model=``, is the model).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 
@@ -49,6 +54,7 @@ SAMPLE_SECONDS = 0.05
 REUSE_SECONDS = 1.0
 
 _last_count: dict[str, float] = {}  # {"at": time.monotonic(), "threads": count}
+_counts_set: list[int] = []  # the counts the enclosing analysis_threads blocks set, innermost last
 
 
 def own_cpus() -> list[int]:
@@ -120,8 +126,12 @@ def free_threads(cpus: list[int] | None = None, busy: float | None = None) -> in
 
 def user_chose_threads() -> bool:
     """Whether the user fixed torch's thread count: an environment variable of :data:`THREAD_VARIABLES`,
-    or ``torch.set_num_threads`` called since this module was imported."""
-    return any(os.environ.get(v) for v in THREAD_VARIABLES) or torch.get_num_threads() != TORCH_DEFAULT_THREADS
+    or ``torch.set_num_threads`` called since this module was imported (a count that an enclosing
+    :func:`analysis_threads` set is not the user's: a nested block picks afresh)."""
+    if any(os.environ.get(v) for v in THREAD_VARIABLES):
+        return True
+    now = torch.get_num_threads()
+    return now != TORCH_DEFAULT_THREADS and not (_counts_set and now == _counts_set[-1])
 
 
 @contextmanager
@@ -142,10 +152,44 @@ def analysis_threads(device: torch.device | str = "cpu") -> Iterator[int]:
         threads = free_threads()
         _last_count.update(at=time.monotonic(), threads=threads)
     torch.set_num_threads(threads)
+    _counts_set.append(threads)
     try:
         yield threads
     finally:
+        _counts_set.pop()
         torch.set_num_threads(previous)
+
+
+def parameter_device(model: Any) -> torch.device:
+    """The device of ``model``'s parameters (else ``model.cfg.device``, else the CPU)."""
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError, TypeError):
+        return torch.device(getattr(getattr(model, "cfg", None), "device", None) or "cpu")
+
+
+@contextmanager
+def model_threads(model: Any) -> Iterator[int]:
+    """:func:`analysis_threads` on the device of ``model``'s parameters: the ``with`` block runs on
+    the CPUs free now unless the user chose (yields the count; the previous count is restored)."""
+    with analysis_threads(parameter_device(model)) as threads:
+        yield threads
+
+
+Function = TypeVar("Function", bound=Callable[..., Any])
+
+
+def runs_model(function: Function) -> Function:
+    """Decorator: run ``function`` under :func:`model_threads` of its model (the first positional
+    argument, or ``model=``). Blocks nested inside (one per batch of an inner loop) pick afresh."""
+
+    @functools.wraps(function)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        model = kwargs["model"] if "model" in kwargs else (args[0] if args else None)
+        with model_threads(model):
+            return function(*args, **kwargs)
+
+    return run  # type: ignore[return-value]
 
 
 __all__ = [
@@ -157,6 +201,9 @@ __all__ = [
     "analysis_threads",
     "busy_cpus",
     "free_threads",
+    "model_threads",
     "own_cpus",
+    "parameter_device",
+    "runs_model",
     "user_chose_threads",
 ]

@@ -41,6 +41,7 @@ from tl_geometry.capture.hooks import model_device
 from tl_geometry.core.checks import is_integer
 from tl_geometry.errors import InputError
 from tl_geometry.models import describe_model, hook_pattern_name
+from tl_geometry.runtime.threads import runs_model
 from tl_geometry.taxonomy.classify import ALL_LABELS, classify_heads
 
 #: The head types, in the order of their score columns (``<type>_score``).
@@ -160,6 +161,7 @@ def _regime_labels(regimes: Any) -> pd.DataFrame:
     return heads[["layer", "head", "regime_strict", "regime_nearest"]]
 
 
+@runs_model
 def head_types(
     model: Any,
     regimes: Any = None,
