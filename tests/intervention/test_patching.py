@@ -27,8 +27,12 @@ def test_head_out_equals_patching_each_head_by_hand(kind, one_thread) -> None:
     clean, corrupt = _tokens(0), _tokens(1)
     effects = tlg.intervention.patching.head_out(model, clean, corrupt, _metric)
     info = tlg.describe_model(model)
-    assert list(effects.columns) == ["layer", "head", "effect"] and len(effects) == info.n_layers * info.n_heads
+    columns = ["layer", "head", "method", "corrupted_metric", "patched_metric", "effect"]
+    assert list(effects.columns) == columns and len(effects) == info.n_layers * info.n_heads
     _, cache = model.run_with_cache(clean)
+    with torch.inference_mode():
+        baseline = float(_metric(model(corrupt)))
+    assert effects.corrupted_metric.tolist() == pytest.approx([baseline] * len(effects), abs=1e-6)
     for row in effects.itertuples(index=False):
         name = f"blocks.{row.layer}.attn.hook_z"
 
@@ -38,7 +42,8 @@ def test_head_out_equals_patching_each_head_by_hand(kind, one_thread) -> None:
 
         with torch.inference_mode():
             want = float(_metric(model.run_with_hooks(corrupt, fwd_hooks=[(name, patch)])))
-        assert row.effect == pytest.approx(want, abs=1e-6)
+        assert row.patched_metric == pytest.approx(want, abs=1e-6)
+        assert row.effect == pytest.approx(want - baseline, abs=1e-6)
 
 
 def test_head_out_rejects_bad_tokens_before_running(llama_bridge) -> None:
@@ -187,7 +192,7 @@ def test_stacked_patching_equals_transformer_lens_one_pass_per_head(kind, one_th
         got = tlg.intervention.patching.patch_head_out(model, clean, corrupt, _metric, heads_per_pass=per_pass)
         assert got.shape == want.shape and torch.allclose(got, want.float(), atol=1e-6, rtol=0)
     frame = tlg.intervention.patching.head_out(model, clean, corrupt, _metric)
-    assert frame.effect.tolist() == pytest.approx(want.flatten().double().tolist(), abs=1e-6)
+    assert frame.patched_metric.tolist() == pytest.approx(want.flatten().double().tolist(), abs=1e-6)
 
 
 def _hand_attribution(model, clean, corrupt, metric) -> torch.Tensor:
@@ -242,6 +247,38 @@ def test_attribution_is_the_limit_of_exact_patching(llama_bridge, one_thread) ->
 
         slope = (run(eps) - run(-eps)) / (2 * eps)
         assert float(attribution[layer, head]) == pytest.approx(slope, rel=2e-3, abs=1e-4)
+
+
+def test_exact_and_attribution_frames_share_the_baseline_and_the_meaning_of_effect(llama_bridge, one_thread) -> None:
+    """``effect`` is the change from the corrupted run's metric for both methods: on a pair a small
+    step apart (clean = corrupted but one token), the estimate is close to the exact change, and
+    ``join_heads`` takes that change, never the patched metric."""
+    patching = tlg.intervention.patching
+
+    def metric(logits):  # offset: the patched metric sits far from its change
+        return _metric(logits) + 3.0
+
+    corrupt = _tokens(11)
+    clean = corrupt.clone()
+    clean[:, -3] = (clean[:, -3] + 1) % 256 + 3
+    exact = patching.head_out(llama_bridge, clean, corrupt, metric, method="exact")
+    estimate = patching.head_out(llama_bridge, clean, corrupt, metric, method="attribution")
+    assert exact.method.eq("exact").all() and estimate.method.eq("attribution").all()
+    with torch.inference_mode():
+        baseline = float(metric(llama_bridge(corrupt)))
+    for frame in (exact, estimate):
+        assert frame.corrupted_metric.tolist() == pytest.approx([baseline] * len(frame), abs=1e-6)
+        assert (frame.effect - (frame.patched_metric - frame.corrupted_metric)).abs().max() < 1e-9
+    tensor = patching.attribute_head_out(llama_bridge, clean, corrupt, metric).flatten().double()
+    assert estimate.effect.tolist() == pytest.approx(tensor.tolist(), abs=1e-7)
+    # the same scale: the exact change and its estimate, not the patched metric (about the baseline)
+    scale = exact.effect.abs().max()
+    assert scale > 1e-4 and abs(baseline) > 10 * scale
+    assert (exact.effect - estimate.effect).abs().max() < 0.5 * scale
+    heads = pd.DataFrame({"layer": exact.layer, "head": exact["head"], "regime": "diffuse"})
+    joined = tlg.join_heads(exact, heads)
+    assert joined.attrs["value"] == "effect"
+    assert joined.effect.tolist() == pytest.approx(exact.effect.tolist(), abs=1e-12)
 
 
 def test_patching_rejects_bad_settings_before_running(llama_bridge) -> None:

@@ -8,7 +8,9 @@ Columns: docs/columns.md#effect-frames; agreement and speed on SmolLM2: docs/hea
   stacked in the batch of one forward pass;
 * :func:`attribute_head_out` — attribution patching, its first-order estimate from one forward and
   one backward pass: ``effect[l, h] = sum_{batch, pos, d} (z_clean - z_corrupted) * d metric / d z``;
-* :func:`head_out` — either, as the tidy frame ``layer, head, effect`` (:func:`as_frame`);
+* :func:`head_out` — either, as the tidy frame ``layer, head, method, corrupted_metric,
+  patched_metric, effect``: ``effect`` is always the change ``patched_metric - corrupted_metric``
+  (exact or estimated), whichever the method;
 * :func:`mean_ablation` — the loss change when one head's output is replaced by its mean, the
   functional test of the regimes (definitions §5) where no localised loss is at hand.
 
@@ -16,6 +18,7 @@ Columns: docs/columns.md#effect-frames; agreement and speed on SmolLM2: docs/hea
 
     effects = patch_head_out(model, clean, corrupted, metric)       # [n_layers, n_heads]
     estimate = attribute_head_out(model, clean, corrupted, metric)  # ~ effects - metric(corrupted)
+    frame = head_out(model, clean, corrupted, metric)               # effect = patched - corrupted metric
 """
 
 from __future__ import annotations
@@ -61,6 +64,9 @@ TOKENS_PER_PASS = 8192
 #: The two ways of :func:`head_out`.
 METHODS = ("exact", "attribution")
 
+#: The columns of :func:`head_out`'s frame.
+HEAD_OUT_COLUMNS = ["layer", "head", "method", "corrupted_metric", "patched_metric", "effect"]
+
 
 def _check_pair(clean_tokens: Any, corrupted_tokens: Any, metric: Any) -> tuple[Tensor, Tensor]:
     clean_tokens = _check_tokens(clean_tokens, "clean_tokens")
@@ -73,6 +79,12 @@ def _check_pair(clean_tokens: Any, corrupted_tokens: Any, metric: Any) -> tuple[
     if not callable(metric):
         raise InputError("metric must be a function of the logits returning a scalar tensor")
     return clean_tokens, corrupted_tokens
+
+
+def _metric_of(model: Any, tokens: Tensor, metric: Callable[[Tensor], Tensor]) -> float:
+    """``metric`` of the model's logits on ``tokens`` (no intervention), checked (:func:`check_metric_value`)."""
+    with torch.inference_mode():
+        return check_metric_value(metric(model(tokens.to(model_device(model)))))
 
 
 def _clean_z(model: Any, tokens: Tensor, metric: Callable[[Tensor], Tensor] | None = None) -> dict[str, Tensor]:
@@ -140,8 +152,8 @@ def patch_head_out(
 
     Returns
     -------
-    Tensor ``[n_layers, n_heads]`` (float32, on the CPU): the metric of each patched run. The tidy
-    frame ``layer, head, effect`` is :func:`head_out` (or :func:`as_frame` of this tensor).
+    Tensor ``[n_layers, n_heads]`` (float32, on the CPU): the metric of each patched run (not its
+    change). :func:`head_out` gives the tidy frame with both the patched metric and the change.
 
     Examples
     --------
@@ -282,8 +294,12 @@ def head_out(
 
     ``method="exact"``: :func:`patch_head_out` (the metric of each patched run, as
     ``transformer_lens.patching.get_act_patch_attn_head_out_all_pos``); ``method="attribution"``:
-    :func:`attribute_head_out` (the gradient estimate of the metric's change). For the
-    ``[n_layers, n_heads]`` tensor, call those two directly.
+    :func:`attribute_head_out` (the gradient estimate of the metric's change). Both give the same
+    columns on the same baseline, the corrupted run's metric (one more forward pass): ``effect``
+    is the change ``patched_metric - corrupted_metric``, so switching ``method=`` before
+    :func:`tl_geometry.join_heads` (which takes ``effect``) or a threshold keeps the meaning. For the
+    ``[n_layers, n_heads]`` tensors, call those two directly (they differ: the patched metric, the
+    estimated change).
 
     Parameters
     ----------
@@ -295,7 +311,10 @@ def head_out(
 
     Returns
     -------
-    DataFrame ``layer, head, effect``, one row per (layer, head) (``n_layers * n_heads`` rows).
+    DataFrame :data:`HEAD_OUT_COLUMNS`, one row per (layer, head) (``n_layers * n_heads`` rows):
+    ``layer, head, method, corrupted_metric`` (the metric of the corrupted run, the baseline),
+    ``patched_metric`` (with the head patched; for ``"attribution"`` the baseline plus the
+    estimate), ``effect`` (``patched_metric - corrupted_metric``).
 
     Examples
     --------
@@ -305,12 +324,25 @@ def head_out(
     >>> clean, corrupt = torch.randint(3, 259, (2, 8)), torch.randint(3, 259, (2, 8))
     >>> effects = head_out(model, clean, corrupt, lambda logits: logits[:, -1, 5].mean())
     >>> effects.shape
-    (8, 3)
+    (8, 6)
+    >>> bool(((effects.patched_metric - effects.corrupted_metric - effects.effect).abs() < 1e-6).all())
+    True
     """
     if method not in METHODS:
         raise InputError(f"method must be one of {list(METHODS)}, got {method!r}")
-    compute = patch_head_out if method == "exact" else attribute_head_out
-    return as_frame(compute(model, clean_tokens, corrupted_tokens, metric))
+    clean_tokens, corrupted_tokens = _check_pair(clean_tokens, corrupted_tokens, metric)
+    baseline = _metric_of(model, corrupted_tokens, metric)
+    if method == "exact":
+        patched = patch_head_out(model, clean_tokens, corrupted_tokens, metric).double()
+        change = patched - baseline
+    else:
+        change = attribute_head_out(model, clean_tokens, corrupted_tokens, metric).double()
+        patched = change + baseline
+    frame = as_frame(change, "effect")
+    frame.insert(2, "method", method)
+    frame.insert(3, "corrupted_metric", baseline)
+    frame.insert(4, "patched_metric", patched.reshape(-1).numpy())
+    return frame[HEAD_OUT_COLUMNS]
 
 
 def _loss(logits: Tensor, tokens: Tensor) -> float:
