@@ -63,6 +63,21 @@ def test_cache_of_some_layers(llama_bridge) -> None:
     assert some.tokens is None and some.config["tokens"] is False
 
 
+def test_a_cache_of_patterns_only_is_told_to_cache_hook_v(llama_bridge) -> None:
+    """Every layer's pattern but no values: analysing "those layers" would fail again, so the
+    message names hook_v, and layers= only for layers the cache holds both hooks of."""
+    tokens = torch.randint(3, 200, (2, 16))
+    _, cache = llama_bridge.run_with_cache(tokens, names_filter=lambda name: name.endswith("attn.hook_pattern"))
+    with pytest.raises(InputError, match=r"cache hook_v too") as caught:
+        tlg.analyze_cache(cache)
+    assert "layers=[" not in str(caught.value) and "hook_pattern too" not in str(caught.value)
+    _, cache = llama_bridge.run_with_cache(
+        tokens, names_filter=lambda name: name.endswith("attn.hook_pattern") or name == "blocks.1.attn.hook_v"
+    )
+    with pytest.raises(InputError, match=r"analyse those layers only \(layers=\[1\]\), or cache hook_v too"):
+        tlg.analyze_cache(cache)
+
+
 def test_cache_without_its_batch_dimension(llama_bridge) -> None:
     tokens = torch.randint(3, 200, (1, 16))
     _, cache = llama_bridge.run_with_cache(tokens, remove_batch_dim=True)

@@ -75,11 +75,17 @@ class CachedActivations:
         names = set(self.cache.keys())
         missing = [n for layer in layers for n in (hook_v_name(layer), hook_pattern_name(layer)) if n not in names]
         if missing:
-            have = sorted({int(n.split(".")[1]) for n in names if n.endswith("attn.hook_pattern")})
+            layers_with = {
+                suffix: {int(n.split(".")[1]) for n in names if n.startswith("blocks.") and n.endswith(suffix)}
+                for suffix in ("attn.hook_v", "attn.hook_pattern")
+            }
+            have = sorted(layers_with["attn.hook_v"] & layers_with["attn.hook_pattern"])
+            kinds = " and ".join(sorted({n.rsplit(".", 1)[1] for n in missing}))
+            fix = f"cache {kinds} too: model.run_with_cache(tokens, {NAMES_FILTER})"
+            advice = f"analyse those layers only (layers={have}), or {fix}" if have else fix
             raise InputError(
-                f"the cache lacks {missing[:4]}{' ...' if len(missing) > 4 else ''} (it has the patterns of layers "
-                f"{have}): analyse those layers only (layers={have}), or cache them with "
-                f"model.run_with_cache(tokens, {NAMES_FILTER})"
+                f"the cache lacks {missing[:4]}{' ...' if len(missing) > 4 else ''}: the analysis reads hook_v "
+                f"(the values) and hook_pattern of every layer, and the cache holds both for layers {have}; {advice}"
             )
 
     def layer(self, layer: int) -> tuple[Tensor, Tensor]:
