@@ -56,6 +56,27 @@ def test_analyze_matches_engine_on_run_with_cache(kind: str) -> None:
     assert set(got.kv_head[got["head"] == 3]) == {tlg.describe_model(model).kv_head_of()[3].item()}
 
 
+def test_an_explicit_grid_is_clipped_per_query(llama_bridge) -> None:
+    """``ns=[1, 4, 16]`` with a query of 6 keys: that query's rows use N = 1, 4 and 6 (16 clipped to
+    its K, once), the last query's 1, 4, 16; each against the engine run by hand on its own sizes.
+    A size above every query's row is still refused."""
+    corpus = tlg.corpus.from_texts(TEXT, n_seqs=2, seq_len=24)
+    result = tlg.analyze(
+        llama_bridge, corpus, ns=[1, 4, 16], query_positions=[5, -1], taxonomy=False, batch_size=2, progress=False
+    )
+    got = result.separability
+    assert sorted(got[got.query_pos == 5].n.unique()) == [1, 4, 6]
+    assert sorted(got[got.query_pos == 23].n.unique()) == [1, 4, 16]
+    expected = pd.concat(
+        [by_hand(llama_bridge, result.tokens, [5], [1, 4, 6]), by_hand(llama_bridge, result.tokens, [23], [1, 4, 16])]
+    )
+    merged = got.merge(expected, on=["seq", "layer", "head", "query_pos", "n"], suffixes=("", "_ref"))
+    assert len(merged) == len(got) == len(expected) == 2 * 2 * 4 * 2 * 3
+    assert (merged.precision == merged.precision_ref).all() and (merged.recall == merged.recall_ref).all()
+    with pytest.raises(tlg.InputError, match=r"N out of range: \[30\].*K=24"):
+        tlg.analyze(llama_bridge, corpus, ns=[1, 30], query_positions=[5, -1], progress=False)
+
+
 def test_gqa_mapping_equals_repeat_interleave(llama_bridge) -> None:
     info = tlg.describe_model(llama_bridge)
     assert (info.n_heads, info.n_kv_heads) == (4, 2)

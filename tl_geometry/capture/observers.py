@@ -45,7 +45,7 @@ from tl_geometry.core.rankings import (
     row_keys,
 )
 from tl_geometry.core.separability import separability_rankings
-from tl_geometry.core.sizes import NsLike
+from tl_geometry.core.sizes import NsLike, clip_ns
 from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo
 
@@ -271,7 +271,7 @@ class SeparabilityObserver(RowMetricsObserver):
             results = separability_rankings(  # the rows are cut to the keys their query sees already
                 weights,
                 row_values,
-                self.ns,
+                clip_ns(self.ns, q + 1),
                 self.rank_by,
                 distance=self.distance,
                 n_random=self.n_random,

@@ -57,7 +57,7 @@ from tl_geometry.core.rankings import (
     uniform_scores,
 )
 from tl_geometry.core.screening import SCREEN_DTYPE  # the screen's dtype when none is given: one for both engines
-from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
+from tl_geometry.core.sizes import DEFAULT_NS, NsLike, clip_ns, resolve_ns
 from tl_geometry.errors import InputError
 
 #: Cells (rows x keys x (sizes + d_head)) of one block: 4 M (32 MiB per float64 tensor of the
@@ -399,8 +399,8 @@ class _Grid:
 
 @lru_cache(maxsize=16)
 def _grids(ns: object, queries: tuple[int, ...]) -> tuple[Tensor, Tensor]:
-    """Each query's grid ``resolve_ns(ns, q + 1)`` padded with ``N = K``, and where it is valid."""
-    grids = {k: resolve_ns(ns, k) for k in sorted({q + 1 for q in queries})}
+    """Each query's grid ``resolve_ns(clip_ns(ns, q + 1), q + 1)`` padded with ``N = K``, and where it is valid."""
+    grids = {k: resolve_ns(clip_ns(ns, k), k) for k in sorted({q + 1 for q in queries})}
     width = max(g.shape[0] for g in grids.values())
     padded = torch.stack([torch.cat([g, g.new_full((width - g.shape[0],), k)]) for k, g in grids.items()])
     valid = torch.stack([torch.arange(width) < g.shape[0] for g in grids.values()])

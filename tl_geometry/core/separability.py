@@ -52,7 +52,7 @@ from tl_geometry.core.rankings import (
     uniform_order,
 )
 from tl_geometry.core.screening import balanced_block, decide
-from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns, sort_by_weight
+from tl_geometry.core.sizes import DEFAULT_NS, NsLike, clip_ns, resolve_ns, sort_by_weight
 from tl_geometry.errors import InputError
 from tl_geometry.runtime.budget import check_memory
 from tl_geometry.runtime.workspace import WORKSPACE
@@ -577,7 +577,12 @@ def precision_recall_at_radius(
     per_head = values_per_head(hook_v, kv_head_of)  # [b, h, L, d]
     parts = [
         radius_rows(
-            pattern[:, :, j, : q + 1], per_head[:, :, : q + 1], radii, ns, dtype=dtype, max_block_bytes=max_block_bytes
+            pattern[:, :, j, : q + 1],
+            per_head[:, :, : q + 1],
+            radii,
+            clip_ns(ns, q + 1),
+            dtype=dtype,
+            max_block_bytes=max_block_bytes,
         )
         for j, q in enumerate(positions)
     ]

@@ -53,6 +53,38 @@ def log_spaced_ns(n_keys: int, dense_below: int = 8, per_octave: int = 4) -> lis
     return sorted(set(dense) | {int(n) for n in geometric} | {n_keys})
 
 
+def clip_ns(ns: NsLike, n_keys: int) -> NsLike:
+    """``ns`` for a row of ``n_keys`` keys analysed beside longer rows (query positions of one window).
+
+    The rule (the log grid's, which ends at ``N = K``): a size of an explicit list above the row's
+    ``K`` keys becomes ``K`` (selecting every key), kept once; the other sizes, and ``None``,
+    ``"all"`` and ``"log"`` (grids of the row's own ``K``), are unchanged. The rows of that query
+    then carry ``n = K``. Input :func:`resolve_ns` refuses is returned as it is, for its message.
+
+    >>> clip_ns([1, 4, 16], 6), clip_ns([1, 16, 32], 6), clip_ns([16, 6], 6), clip_ns("log", 6)
+    ([1, 4, 6], [1, 6], [6], 'log')
+    """
+    if ns is None or isinstance(ns, str):
+        return ns
+    try:
+        values = torch.as_tensor(np.asarray(ns) if not isinstance(ns, Tensor) else ns)
+    except (TypeError, ValueError):
+        return ns
+    if values.ndim != 1 or values.is_floating_point() or values.dtype == torch.bool:
+        return ns
+    given = [int(n) for n in values.tolist()]
+    if max(given, default=0) <= n_keys:
+        return ns
+    clipped: list[int] = []
+    for n in given:
+        if n > n_keys:
+            if n_keys in given or n_keys in clipped:
+                continue
+            n = n_keys
+        clipped.append(n)
+    return clipped
+
+
 def resolve_ns(ns: NsLike, n_keys: int, device: torch.device | str = "cpu") -> Int[Tensor, " n"]:
     """Turn the user's ``ns`` into a 1-D int64 tensor of selection sizes, checked against ``K``.
 
@@ -60,7 +92,8 @@ def resolve_ns(ns: NsLike, n_keys: int, device: torch.device | str = "cpu") -> I
     ----------
     ns : None, "all", "log", sequence of int, or 1-D int tensor
         ``None`` or ``"all"``: every ``N`` from 1 to ``K``. ``"log"``: :func:`log_spaced_ns`.
-        Otherwise the sizes themselves, each in ``1..K``, in the order given.
+        Otherwise the sizes themselves, each in ``1..K``, in the order given (rows of several
+        lengths: :func:`clip_ns` first).
     n_keys : int
         ``K``, the number of keys of the rows.
     """

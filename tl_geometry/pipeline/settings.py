@@ -420,19 +420,21 @@ class AnalysisSettings:
         """The layers and query positions for a model of ``n_layers`` layers and windows of ``seq_len``.
 
         Checks that the layers exist, the positions lie inside the window and every ``N`` fits the
-        rows of every position (``N <= q + 1``, and ``N <= W`` on a layer with a sliding window of
-        ``W`` keys: ``ModelInfo.sliding_windows``); raises :class:`InputError` otherwise.
+        rows of the last position (``N <= q + 1``; a shorter row uses ``min(N, q + 1)``,
+        :func:`tl_geometry.core.sizes.clip_ns`), and ``N <= W`` on a layer with a sliding window of
+        ``W`` keys (``ModelInfo.sliding_windows``); raises :class:`InputError` otherwise.
         """
         from tl_geometry.core.layouts import resolve_query_positions
-        from tl_geometry.core.sizes import resolve_ns
+        from tl_geometry.core.sizes import clip_ns, resolve_ns
 
         layers = list(range(n_layers)) if self.layers is None else list(self.layers)
         bad = [layer for layer in layers if layer >= n_layers]
         if bad:
             raise InputError(f"layers {bad} do not exist: the model has layers 0..{n_layers - 1}")
         queries = resolve_query_positions(self.query_positions, seq_len)
+        resolve_ns(self.ns, max(queries) + 1)  # a size no query's row holds is refused
         for q in queries:
-            resolve_ns(self.ns, q + 1)
+            resolve_ns(clip_ns(self.ns, q + 1), q + 1)
         windows = {sliding_windows[layer] for layer in layers if sliding_windows and sliding_windows[layer]}
         if windows and queries:
             window = min(w for w in windows if w is not None)

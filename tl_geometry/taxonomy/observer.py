@@ -17,7 +17,7 @@ import torch
 from tl_geometry.capture.hooks import LayerBatch, check_batch_heads
 from tl_geometry.core.checks import check_row_inputs
 from tl_geometry.core.layouts import values_per_head
-from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
+from tl_geometry.core.sizes import DEFAULT_NS, NsLike, clip_ns, resolve_ns
 from tl_geometry.errors import InputError
 from tl_geometry.io.store import check_state_version
 from tl_geometry.models import ModelInfo
@@ -116,7 +116,7 @@ class TaxonomyObserver:
         labels = [self._part_of(s) for s in seq_ids]
         for qi, q in enumerate(batch.query_positions):
             n_keys = q + 1
-            ns = resolve_ns(self.ns, n_keys, device=values.device)
+            ns = resolve_ns(clip_ns(self.ns, n_keys), n_keys, device=values.device)
             rho_kv = sink_similarity(values_kv[:, :n_keys].transpose(1, 2))  # [b, g]
             accumulate_rows(
                 self.acc,

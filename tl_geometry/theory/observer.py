@@ -19,7 +19,7 @@ import torch
 
 from tl_geometry.capture.observers import RowMetricsObserver
 from tl_geometry.capture.tables import KEY_COLUMNS, REFERENCE_RANKING, attention_rows
-from tl_geometry.core.sizes import NsLike
+from tl_geometry.core.sizes import NsLike, clip_ns
 from tl_geometry.errors import InputError
 from tl_geometry.io.row_sums import ROWS_COLUMN, group_sums, is_sums_table, means_of_sums
 from tl_geometry.models import ModelInfo
@@ -80,7 +80,8 @@ class BoundsObserver(RowMetricsObserver):
         return {**super().settings(), "kappa": float(self.kappa), "rho": str(self.rho), "dtype": str(self.dtype)}
 
     def metrics(self, weights: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        res = bounds(weights, values, self.ns, self.kappa, rho=self.rho, dtype=self.dtype, query_positions=-1)
+        ns = clip_ns(self.ns, weights.shape[-1])  # a shorter query's rows: min(N, K)
+        res = bounds(weights, values, ns, self.kappa, rho=self.rho, dtype=self.dtype, query_positions=-1)
         return res.ns, {name: getattr(res, name) for name in BOUND_COLUMNS}
 
     def take(self) -> pd.DataFrame:
