@@ -77,12 +77,19 @@ def run_patching(model, clean, corrupted, one_thread: bool) -> dict[str, float]:
     if one_thread:
         torch.set_num_threads(1)
     load_before = os.getloadavg()[0]
+    used: list[int] = []
+
+    def metric(logits):  # called inside the pass: the thread count it ran on
+        used.append(torch.get_num_threads())
+        return logits[:, -1].logsumexp(-1).mean()
+
     start = time.perf_counter()
     try:
-        patch_head_out(model, clean, corrupted, lambda logits: logits[:, -1].logsumexp(-1).mean())
+        patch_head_out(model, clean, corrupted, metric)
     finally:
         torch.set_num_threads(before_threads)
-    return {"patching_s": time.perf_counter() - start, "load_before": load_before, "load_after": os.getloadavg()[0]}
+    seconds = time.perf_counter() - start
+    return {"patching_s": seconds, "threads": max(used), "load_before": load_before, "load_after": os.getloadavg()[0]}
 
 
 def measure_patching(model, clean, corrupted, label: str) -> dict[str, dict[str, float]]:
@@ -91,7 +98,7 @@ def measure_patching(model, clean, corrupted, label: str) -> dict[str, dict[str,
         r = run_patching(model, clean, corrupted, one)
         rows[threads] = r
         print(
-            f"{label:8s} {threads:9s} patching {r['patching_s']:7.1f} s  "
+            f"{label:8s} {threads:9s} patching {r['patching_s']:7.1f} s on {r['threads']} threads  "
             f"load average {r['load_before']:.1f} -> {r['load_after']:.1f}",
             flush=True,
         )
