@@ -247,6 +247,33 @@ def test_each_batch_runs_on_the_free_cpus(monkeypatch, llama_bridge, busy, expec
     assert seen == [free, free]  # two batches, each on the free CPUs
 
 
+def test_the_tables_are_built_on_the_free_cpus(monkeypatch, llama_bridge) -> None:
+    """The accumulators' tables (float64 element-wise operations, which on a busy machine waited
+    for a descheduled thread at torch's default count) run on the count the policy picks."""
+    from tl_geometry.core import threads
+    from tl_geometry.taxonomy.accumulate import FeatureAccumulator
+
+    for name in threads.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(threads, "REUSE_SECONDS", 0.0)
+    outer = torch.get_num_threads()
+    monkeypatch.setattr(threads, "TORCH_DEFAULT_THREADS", outer)
+    monkeypatch.setattr(threads, "free_threads", lambda cpus=None, busy=None: outer + 2)
+    seen: list[int] = []
+    original = FeatureAccumulator.table
+
+    def recording(self, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(FeatureAccumulator, "table", recording)
+    try:
+        result = tlg.analyze(llama_bridge, torch.randint(3, 200, (2, 10)), progress=False)
+    finally:
+        torch.set_num_threads(outer)
+    assert len(result.regime_features) and seen == [outer + 2]
+
+
 def test_save_closes_the_tokens_file(llama_bridge, tmp_path) -> None:
     import gc
     import warnings
