@@ -90,3 +90,13 @@ def test_windows_of_a_long_line_equal_those_of_tokenising_it_whole(smollm2, monk
     for prefix in (1000, 4096):
         monkeypatch.setattr(corpus_module, "PREFIX_CHARS", prefix)
         assert torch.equal(tlg.corpus_tokens(smollm2, tlg.corpus.from_texts(line, n_seqs=6, seq_len=512)), whole)
+
+
+def test_loading_without_progress_draws_no_bar(capfd) -> None:
+    """``--no-progress`` reaches the load: transformers' GGUF de-quantisation bar (drawn with tqdm
+    whatever transformers' own switch says) is hidden, and shown again by the next load."""
+    capfd.readouterr()
+    tlg.load_model("smollm2-135m", progress=False)
+    assert "de-quantizing" not in capfd.readouterr().err
+    tlg.load_model("smollm2-135m")
+    assert "de-quantizing" in capfd.readouterr().err

