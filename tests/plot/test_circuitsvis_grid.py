@@ -23,10 +23,15 @@ def many_heads():
     return model
 
 
-def test_default_cap_warns_that_heads_were_left_out(many_heads) -> None:
-    with pytest.warns(UserWarning, match="36 heads chosen; the head grid shows 32 of them by default"):
+def test_default_cap_says_above_the_grid_that_heads_were_left_out(many_heads) -> None:
+    """The README's call draws the default cap: no warning (following the README prints none),
+    a line above the grid, in the notebook and in the report's fragment."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         grid = head_grid(many_heads, TEXT)
-    assert len(grid.heads) == 32
+    assert len(grid.heads) == 32 and grid.n_chosen == 36
+    note = "32 of the 36 heads chosen are shown: pass max_heads= to show more"
+    assert note in grid.local_src and note in grid.cdn_src and note in grid.fragment()
 
 
 @pytest.mark.parametrize("cap", [12, 32])
@@ -34,7 +39,7 @@ def test_a_cap_the_user_chose_does_not_warn(many_heads, cap: int) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         grid = head_grid(many_heads, TEXT, max_heads=cap)
-    assert len(grid.heads) == cap
+    assert len(grid.heads) == cap and grid.n_chosen == 36 and "heads chosen are shown" not in grid.local_src
 
 
 def fragment_parts(fragment: str) -> tuple[dict, list[dict], str]:

@@ -37,8 +37,8 @@ from tl_geometry.taxonomy.classify import ALL_LABELS
 class _DefaultCap(int):
     """The default ``max_heads``: an int that remembers the caller did not choose it.
 
-    :func:`head_grid` warns that heads were left out only under this default; a cap the caller
-    passed (even 32) is taken as meant.
+    Under this default :func:`head_grid` says above the grid how many heads it left out; a cap the
+    caller passed (even 32) is taken as meant.
     """
 
 
@@ -74,10 +74,13 @@ class HeadGrid(RenderedHTML):
     tokens : list of str
         The tokens of the text, as displayed.
     token_ids : list of int
+    n_chosen : int
+        The heads chosen before ``max_heads`` capped them (``len(heads)`` where none was left out).
     """
 
     def __init__(self, local_src: str, cdn_src: str, heads: pd.DataFrame, tokens: list[str], token_ids: list[int]):
         super().__init__(local_src, cdn_src)
+        self.n_chosen = len(heads)
         self.heads = heads
         self.tokens = tokens
         self.token_ids = token_ids
@@ -137,8 +140,9 @@ def head_grid(
     max_heads : int or None, default 32
         At most this many heads (None: no limit). When more are chosen, each regime keeps a share
         (taken in turn, regime by regime), within a regime the largest ``margin`` first when the
-        table has one, else the lowest (layer, head). Under the default a warning says how many
-        were left out; a cap you pass is taken as meant (no warning).
+        table has one, else the lowest (layer, head). Under the default a line above the grid
+        says how many were left out (``.n_chosen`` counts them all); a cap you pass is taken as
+        meant.
     max_tokens : int or None, default 128
         Longer inputs are cut to their first ``max_tokens`` tokens (with a warning): the page
         carries ``heads x tokens^2`` numbers.
@@ -153,7 +157,7 @@ def head_grid(
     """
     info = describe_model(model)
     ids = _cut_tokens(_token_ids(model, text_or_tokens, info.bos_token_id, info.n_ctx), max_tokens)
-    chosen = _choose_heads(heads, info.n_layers, info.n_heads, layers, regimes, sort_by_regime, max_heads)
+    chosen, n_chosen = _choose_heads(heads, info.n_layers, info.n_heads, layers, regimes, sort_by_regime, max_heads)
     names = [_name(c) for c in chosen]
     tokens = _str_tokens(model, ids)
     rendered = _render(_patterns(model, ids, chosen), tokens, names, decimals)
@@ -168,7 +172,15 @@ def head_grid(
     )
     local_src = _make_safe(rendered.local_src, tokens, names)
     cdn_src = _make_safe(rendered.cdn_src, tokens, names)
-    return HeadGrid(local_src, cdn_src, table, tokens, ids)
+    if n_chosen > len(chosen) and isinstance(max_heads, _DefaultCap):
+        note = (
+            f'<p class="tlg-head-grid-note">{len(chosen)} of the {n_chosen} heads chosen are shown: pass '
+            "max_heads= to show more, or narrow them with layers= / regimes=</p>\n"
+        )
+        local_src, cdn_src = note + local_src, note + cdn_src
+    grid = HeadGrid(local_src, cdn_src, table, tokens, ids)
+    grid.n_chosen = n_chosen
+    return grid
 
 
 def _cut_tokens(ids: list[int], max_tokens: int | None) -> list[int]:
@@ -339,8 +351,9 @@ def _choose_heads(
     regimes: str | Sequence[str] | None,
     sort_by_regime: bool,
     max_heads: int | None,
-) -> list[_Choice]:
-    """The heads to draw, in grid order: read the table, check, filter, cap, sort."""
+) -> tuple[list[_Choice], int]:
+    """The heads to draw, in grid order (read the table, check, filter, cap, sort), and how many
+    were chosen before the cap."""
     table, order, margin = _heads_table(heads, n_layers, n_heads)
     table = _filter_heads(table, order, n_layers, layers, regimes)
     has_regimes = table["regime"].notna().any()
@@ -359,24 +372,17 @@ def _choose_heads(
             return (len(order) + 1, "")
         return (order.index(regime), "") if regime in order else (len(order), regime)
 
+    n_chosen = len(choices)
     if max_heads is not None:
         if not isinstance(max_heads, int) or max_heads < 1:
             raise InputError(f"max_heads must be a positive integer or None, got {max_heads!r}")
         if len(choices) > max_heads:
-            kept = _cap(choices, max_heads, margin, rank)
-            if isinstance(max_heads, _DefaultCap):
-                warnings.warn(
-                    f"{len(choices)} heads chosen; the head grid shows {len(kept)} of them by default (pass "
-                    "max_heads= to show more, or narrow them with layers= / regimes=)",
-                    UserWarning,
-                    stacklevel=3,
-                )
-            choices = kept
+            choices = _cap(choices, max_heads, margin, rank)
     if sort_by_regime and has_regimes:
         choices.sort(key=lambda c: (rank(c.regime), c.layer, c.head))
     else:
         choices.sort(key=lambda c: (c.layer, c.head))
-    return choices
+    return choices, n_chosen
 
 
 def _labels_or_none(column: pd.Series) -> pd.Series:
