@@ -29,9 +29,9 @@ from typing import Any, Sequence
 import pandas as pd
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from tl_geometry.core.checks import is_integer
+from tl_geometry.core.progress import tqdm
 from tl_geometry.core.rankings import check_rankings
 from tl_geometry.corpus import Corpus, as_corpus, corpus_documents
 from tl_geometry.errors import InputError

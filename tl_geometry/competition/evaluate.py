@@ -29,9 +29,9 @@ from typing import Any, Sequence
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from tl_geometry.competition.budgets import HeadBudgets, check_budgets
+from tl_geometry.core.progress import tqdm
 from tl_geometry.corpus import as_corpus, corpus_tokens
 from tl_geometry.errors import InputError
 from tl_geometry.intervention.context import top_n_attention

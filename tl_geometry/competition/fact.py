@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from tl_geometry.capture.hooks import model_device
+from tl_geometry.core.progress import tqdm
 from tl_geometry.core.rankings import check_rank_by
 from tl_geometry.corpus import TokenCorpus, as_corpus, encode_text, python_docs
 from tl_geometry.errors import InputError

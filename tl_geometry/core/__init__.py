@@ -16,7 +16,8 @@ No model, no files: tensors in, tensors out. Everything above this layer builds 
 * :mod:`~tl_geometry.core.checks` — run-time shape checks, integer tests and the rows' checks;
 * :mod:`~tl_geometry.core.layouts` — which keys a row is measured over: query positions and
   TransformerLens' layouts (``layout="tl"``);
-* :mod:`~tl_geometry.core.threads` — moved to :mod:`tl_geometry.runtime.threads` (a re-export).
+* :mod:`~tl_geometry.core.threads` — moved to :mod:`tl_geometry.runtime.threads` (a re-export);
+* :mod:`~tl_geometry.core.progress` — the package's progress bar (the notebook's widget only where it can draw).
 
 The process's tuning (threads, allocator, work tensors, memory budget) is :mod:`tl_geometry.runtime`.
 

@@ -32,8 +32,8 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
+from tl_geometry.core.progress import tqdm
 from tl_geometry.core.rankings import RANKINGS, check_rankings, check_seed
 from tl_geometry.corpus import as_corpus, corpus_tokens
 from tl_geometry.errors import InputError

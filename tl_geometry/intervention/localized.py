@@ -26,8 +26,8 @@ from typing import Any
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
+from tl_geometry.core.progress import tqdm
 from tl_geometry.core.rankings import check_rank_by, check_seed
 from tl_geometry.corpus import as_corpus, corpus_tokens
 from tl_geometry.errors import InputError

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from tl_geometry.capture.hooks import model_device
+from tl_geometry.core.progress import tqdm
 from tl_geometry.errors import InputError
 from tl_geometry.runtime.budget import check_memory
 from tl_geometry.runtime.threads import analysis_threads

@@ -17,12 +17,12 @@ from typing import Callable, Sequence
 import pandas as pd
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from tl_geometry.capture.cached import run_cached
 from tl_geometry.capture.hooks import LayerBatch, LayerObserver, model_device, run_streaming
 from tl_geometry.capture.observers import Observer, RowObserver, SeparabilityObserver
 from tl_geometry.capture.tables import KEY_COLUMNS, REFERENCE_RANKING, empty_table
+from tl_geometry.core.progress import tqdm
 from tl_geometry.diagnostics import DiagnosticsObserver
 from tl_geometry.io.row_order import in_key_order
 from tl_geometry.io.rows_on_disk import RowsOnDisk
