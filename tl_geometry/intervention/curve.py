@@ -123,12 +123,15 @@ class SparsificationCurve:
     _measure: Callable[[str, bool, int], dict] | None = field(default=None, repr=False)
 
     def effective_set_size(self, tolerance: float = DEFAULT_TOLERANCE, refine: bool = True) -> pd.DataFrame:
-        """``N*_tau`` per (rank_by, renormalize): the smallest size evaluated with ``delta_nll_rel <= tau``.
+        """Measure ``N*_tau`` per (rank_by, renormalize): the smallest size with ``delta_nll_rel <= tau``.
 
-        With ``refine`` (needs the live model: a curve from :func:`sparsification_curve`, or
-        :func:`load_curve` given the model) the sizes strictly between the largest failing size
-        below ``N*`` and ``N*`` are bisected, measuring one size per step; the new points join
-        :attr:`table` (``stage="refine"``).
+        **Runs the model** by default: with ``refine=True`` (needs the live model: a curve from
+        :func:`sparsification_curve`, or :func:`load_curve` given the model) the sizes strictly
+        between the largest failing size below ``N*`` and ``N*`` are bisected, and each step is one
+        more pass of the intervention over every window of the corpus (about ``log2`` of the gap
+        per ranking: up to 8 passes where ``N*`` lies between 256 and 512); the new points join
+        :attr:`table` (``stage="refine"``) and are not measured again. ``refine=False`` only
+        reads the sizes already in :attr:`table` (no pass).
 
         Returns
         -------
