@@ -68,6 +68,36 @@ def test_effective_set_size_grid_and_bisection() -> None:
     assert set(curve.table[curve.table.stage == "refine"].n) == {48, 40, 36, 34, 35}
 
 
+def test_the_bars_count_every_pass_the_grid_and_the_n_star_search(pair, windows, monkeypatch) -> None:
+    """One bar over the grid's passes, one over the N* search's (its total known before the first
+    pass, the bisection's most); no bar per refinement pass."""
+    from tl_geometry.intervention import loss as loss_module
+
+    bars: list = []
+    real = curve_module.tqdm
+
+    class Recorded(real):  # type: ignore[misc, valid-type]
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.total_at_start, self.shown = self.total, not self.disable  # close() sets disable
+            bars.append(self)
+
+    monkeypatch.setattr(curve_module, "tqdm", Recorded)
+    monkeypatch.setattr(loss_module, "tqdm", Recorded)
+    curve = tlg.sparsification_curve(pair[1], from_tokens(windows), ns=[1, 8], rank_by="attention", progress=True)
+    grid_bars = len(bars)
+    n_star = curve.effective_set_size(0.001)
+    refined = int((curve.table.stage == "refine").sum())
+    shown = [b for b in bars[grid_bars:] if b.shown]
+    if refined:
+        assert [b.desc for b in shown] == ["N* search"]
+        # two curves (renormalize False, True), gap 7 each: at most ceil(log2 7) = 3 passes per curve
+        assert shown[0].n == refined <= shown[0].total_at_start <= 6
+    else:
+        assert shown == [] and n_star.n_refined.tolist() == [0]
+    assert [b.desc for b in bars[:grid_bars] if b.shown] == ["full model", "curve passes"]
+
+
 def test_effective_set_size_is_over_the_sizes_evaluated_when_not_monotone() -> None:
     spiky = {1: 0.5, 2: 0.01, 4: 0.2, 8: 0.0}
     curve, _ = fake_curve(spiky.__getitem__, [1, 2, 4, 8])

@@ -121,6 +121,7 @@ class SparsificationCurve:
     nll_full: float
     config: dict
     _measure: Callable[[str, bool, int], dict] | None = field(default=None, repr=False)
+    _progress: bool = field(default=False, repr=False)
 
     def effective_set_size(self, tolerance: float = DEFAULT_TOLERANCE, refine: bool = True) -> pd.DataFrame:
         """Measure ``N*_tau`` per (rank_by, renormalize): the smallest size with ``delta_nll_rel <= tau``.
@@ -131,7 +132,9 @@ class SparsificationCurve:
         more pass of the intervention over every window of the corpus (about ``log2`` of the gap
         per ranking: up to 8 passes where ``N*`` lies between 256 and 512); the new points join
         :attr:`table` (``stage="refine"``) and are not measured again. ``refine=False`` only
-        reads the sizes already in :attr:`table` (no pass).
+        reads the sizes already in :attr:`table` (no pass). One bar, ``N* search``, counts those
+        passes (its total, known before the first, is the bisection's most); it is shown when the
+        curve was measured with ``progress=True``.
 
         Returns
         -------
@@ -145,8 +148,11 @@ class SparsificationCurve:
             raise InputError(
                 "refine=True needs the model: load the curve with load_curve(out_dir, model, corpus), or pass refine=False"
             )
+        groups = list(self.table.groupby(["rank_by", "renormalize"], sort=False).groups)
+        most = sum(self._bisection_steps(rank_by, renorm, tau) for rank_by, renorm in groups) if refine else 0
+        search = tqdm(total=most, desc="N* search", unit="pass", disable=not self._progress or not most)
         rows = []
-        for (rank_by, renorm), _ in self.table.groupby(["rank_by", "renormalize"], sort=False):
+        for rank_by, renorm in groups:
             n_refined = 0
             while True:
                 points = self._points(rank_by, renorm)
@@ -158,7 +164,9 @@ class SparsificationCurve:
                 low = int(failing.max()) if len(failing) else 0
                 if n_star - low <= 1:
                     break
+                search.set_postfix_str(f"{rank_by}{' renorm' if renorm else ''} N={(low + n_star) // 2}", refresh=False)
                 self._add_point(rank_by, renorm, (low + n_star) // 2)
+                search.update()
                 n_refined += 1
             rows.append(
                 {
@@ -170,9 +178,21 @@ class SparsificationCurve:
                     "n_refined": n_refined,
                 }
             )
+        search.close()
         out = pd.DataFrame(rows)
         out["n_star"] = out["n_star"].astype("Int64")
         return out
+
+    def _bisection_steps(self, rank_by: str, renorm: bool, tau: float) -> int:
+        """The most passes the bisection of ``N*`` takes from the points measured now: ``ceil(log2(gap))``."""
+        points = self._points(rank_by, renorm)
+        passing = points[points.delta_nll_rel <= tau].n
+        if not len(passing):
+            return 0
+        n_star = int(passing.min())
+        failing = points[(points.n < n_star) & (points.delta_nll_rel > tau)].n
+        gap = n_star - (int(failing.max()) if len(failing) else 0)
+        return max(0, math.ceil(math.log2(gap))) if gap > 1 else 0
 
     def _points(self, rank_by: str, renorm: bool) -> pd.DataFrame:
         t = self.table
@@ -339,7 +359,7 @@ def sparsification_curve(
                     in_grid = stage == "grid"
                     if in_grid:
                         passes.set_postfix_str(desc, refresh=False)
-                    shown = progress and not in_grid  # a refinement pass (after the grid) shows its own bar
+                    shown = False  # the grid's passes and the N* search each count on one bar
                     loss = corpus_nll(model, tokens, batch_size, shown, desc=desc, before_batch=set_ids, **shard)
                     if in_grid:
                         passes.update()
@@ -364,7 +384,7 @@ def sparsification_curve(
             passes.close()
     table = pd.DataFrame(rows, columns=CURVE_COLUMNS)
     config = {**identity, "ns": sizes, "rank_by": list(rankings), "renormalize": list(flags), "batch_size": batch_size}
-    return SparsificationCurve(table=table, nll_full=full.nll, config=config, _measure=measure)
+    return SparsificationCurve(table=table, nll_full=full.nll, config=config, _measure=measure, _progress=progress)
 
 
 def load_curve(
