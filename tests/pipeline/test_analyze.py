@@ -295,10 +295,18 @@ class RecordingBar:
 
     def __init__(self, total=None, initial=0, disable=False, **kwargs) -> None:
         self.total, self.initial, self.disable, self.updates = total, initial, disable, []
+        self.initial_at_start = self.n = initial
         RecordingBar.made.append(self)
 
     def update(self, n=1) -> None:
         self.updates.append(n)
+        self.n += n
+
+    def refresh(self) -> None:
+        pass
+
+    def _time(self) -> float:
+        return 0.0
 
     def close(self) -> None:
         pass
@@ -316,10 +324,11 @@ def test_progress_moves_within_a_batch(llama_bridge, monkeypatch, tmp_path) -> N
     loop.run_analysis(plan, tmp_path, windows=[0])  # saved, then "interrupted"
     loop.run_analysis(plan, tmp_path)
     bar = RecordingBar.made[-1]  # the resumed run: one window saved, two to go in one batch
-    assert n_layers > 1 and bar.total == 3 * n_layers and bar.initial == n_layers
+    assert n_layers > 1 and bar.total == 3 * n_layers and bar.initial_at_start == n_layers
     positive = [n for n in bar.updates if n]
-    assert len(positive) == n_layers  # one move per layer of the one batch, not one per batch
-    assert bar.initial + sum(bar.updates) == bar.total
+    # one move per layer of the one batch, not one per batch; the first layer counted as warm-up
+    assert len(positive) == n_layers - 1 and bar.initial == n_layers + 2
+    assert bar.n == bar.total
 
 
 def test_under_torchrun_only_rank_0_draws_the_bar(llama_bridge, monkeypatch, tmp_path) -> None:
@@ -382,3 +391,27 @@ def test_the_kernel_setting_reaches_the_per_row_engine(llama_bridge, monkeypatch
     tables = {k: tlg.analyze(llama_bridge, corpus, kernel=k, **kw).separability for k in ("torch", "numba")}
     assert set(seen) == {"torch", "numba"}
     pd.testing.assert_frame_equal(tables["torch"], tables["numba"], check_exact=True)
+
+
+def test_the_first_estimate_leaves_out_the_warm_up(monkeypatch, capsys) -> None:
+    """A first layer of 60 s (loading the kernels), then 1 s per layer: the first time left the bar
+    shows is that of 1 s per layer (within a factor of two), not 60 s per layer (29 minutes)."""
+    import re
+
+    import tqdm.std
+
+    import tl_geometry.pipeline.loop as loop
+
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(tqdm.std, "time", lambda: clock["now"])
+    bar = loop.progress_bar(n_windows=1, done=0, n_layers=30, show=True)
+    bar.mininterval = bar.miniters = 0
+    clock["now"] += 60.0
+    loop.count_without_rate(bar, 1)  # the process's first layer
+    for _ in range(29):
+        clock["now"] += 1.0
+        bar.update(1)
+    bar.close()
+    shown = re.findall(r"\d+/30 \[[0-9:]+<(\d+):(\d+),", capsys.readouterr().err)
+    first_left = int(shown[0][0]) * 60 + int(shown[0][1])  # after the second layer: 28 s left
+    assert 28 / 2 <= first_left <= 28 * 2

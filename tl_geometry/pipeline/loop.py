@@ -161,7 +161,10 @@ def run_batches(
         spent.append(seconds)
         if batch["layers"] < n_layers:
             batch["layers"] += 1
-            bar.update(batch["windows"])
+            if len(spent) == 1:  # the process's first layer: warm-up (imports, compiled kernels)
+                count_without_rate(bar, batch["windows"])
+            else:
+                bar.update(batch["windows"])
 
     try:
         for b0 in range(0, len(todo), plan.settings.batch_size):
@@ -194,14 +197,30 @@ class _Timed:
 
 def progress_bar(n_windows: int, done: int, n_layers: int, show: bool) -> tqdm:
     """The bar of a run over ``n_windows`` windows (``done`` of them saved before): it counts one
-    window's layer at a time, ``n_windows * n_layers`` in all, so it moves while a batch runs."""
+    window's layer at a time, ``n_windows * n_layers`` in all, so it moves while a batch runs.
+    Its rate is the mean since the warm-up (:func:`count_without_rate`), not a moving average."""
     return tqdm(
         total=n_windows * n_layers,
         initial=done * n_layers,
         desc=f"analysis ({n_windows} windows x {n_layers} layers)",
         unit="layer",
         disable=not show,
+        smoothing=0,
     )
+
+
+def count_without_rate(bar: tqdm, steps: int) -> None:
+    """Count ``steps`` done as warm-up: the rate, and so the time left, is measured from now on.
+
+    A process's first layer loads the analyses and their compiled kernels (a minute on a busy
+    machine against seconds for the next one): estimated from it, the time left was 25 x too long.
+    """
+    if bar.disable:
+        return
+    bar.n += steps
+    bar.initial = bar.n  # the rate counts the steps after these (tqdm: (n - initial) / elapsed)
+    bar.start_t = bar.last_print_t = bar._time()
+    bar.refresh()
 
 
 def feed(
