@@ -1,4 +1,5 @@
-"""Figures of context scaling and the supporting fact: what the traces hold, from small tables."""
+"""Figures of context scaling, the supporting fact and per-head budgets: what the traces hold, from small tables;
+log axes labelled in full."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import tl_geometry as tlg
 from tl_geometry.competition.fact import HEAD_COLUMNS, LOSS_COLUMNS, SupportingFact
 from tl_geometry.errors import InputError
+from tl_geometry.plot.base import log_tick_values
 
 
 def context_table():
@@ -91,3 +93,59 @@ def test_fact_loss_draws_full_attention_and_each_n_averaged_over_facts() -> None
     assert [t.name for t in fig.data] == ["full attention", "top-2", "top-4"]
     assert fig.data[0].y.tolist() == [2.0, 2.0]
     assert fig.data[1].y.tolist() == [2.0, 6.0]  # 1 + m / 2 + mean(f)
+
+
+# ----------------------------------------------------------------------------- log axes read as numbers
+
+
+def log_axes(fig) -> dict:
+    layout = fig.to_plotly_json()["layout"]
+    return {name: axis for name, axis in layout.items() if isinstance(axis, dict) and axis.get("type") == "log"}
+
+
+def assert_full_labels(fig) -> None:
+    axes = log_axes(fig)
+    assert axes
+    for name, axis in axes.items():
+        values, labels = axis.get("tickvals"), axis.get("ticktext")
+        assert values and labels and len(values) == len(labels), name
+        assert [float(label) for label in labels] == pytest.approx(list(values)), name  # "20" for 20
+
+
+def budget_table() -> pd.DataFrame:
+    rows = []
+    for b in (2, 4, 8, 16, 32):
+        rows += [
+            {"rule": "uniform", "mean_budget": b, "delta_nll_rel": 0.5 / b},
+            {"rule": "geometry", "mean_budget": b, "delta_nll_rel": 0.4 / b},  # 20 % below uniform
+            {"rule": "streaming", "mean_budget": b, "delta_nll_rel": 20.0 / b},
+        ]
+    return pd.DataFrame(rows)
+
+
+def test_log_tick_values_cover_the_data_with_whole_numbers() -> None:
+    assert log_tick_values(1, 64) == [1, 2, 5, 10, 20, 50, 100]
+    assert log_tick_values(3, 30) == [2, 5, 10, 20, 50]
+    assert log_tick_values(1, 1e6) == [1, 10, 100, 1000, 1e4, 1e5, 1e6]  # 1-2-5 would be 19 ticks
+
+
+def test_budget_pareto_is_readable_where_the_rules_differ_by_20_percent() -> None:
+    fig = budget_table().pipe(tlg.plot.budget_pareto)
+    assert_full_labels(fig)
+    assert fig.layout.yaxis.type == "log"  # a 20 % gap is a constant distance, whatever streaming does
+    assert "delta_nll_rel" not in fig.layout.yaxis.title.text and "loss" in fig.layout.yaxis.title.text
+    with_zero = budget_table().assign(delta_nll_rel=lambda t: t.delta_nll_rel - 0.1)
+    assert tlg.plot.budget_pareto(with_zero).layout.yaxis.type == "linear"  # a point at or below 0
+
+
+def test_fact_attention_ranks_start_at_1_with_full_labels() -> None:
+    fig = tlg.plot.fact_attention(fact_result())
+    assert_full_labels(fig)
+    assert fig.layout.yaxis2.range[0] == 0  # log10(1): the axis starts at rank 1
+    assert fig.layout.yaxis2.tickvals[0] == 1
+
+
+def test_n_star_by_context_labels_both_log_log_panels_in_full() -> None:
+    fig = tlg.plot.n_star_by_context(context_table())
+    assert {"xaxis", "xaxis2", "yaxis", "yaxis2"} <= set(log_axes(fig))
+    assert_full_labels(fig)

@@ -461,3 +461,12 @@ def test_heads_table_is_checked(result) -> None:
         tlp.regimes_by_layer(result.separability)
     with pytest.raises(InputError, match="classify_heads"):
         tlp.regime_pr(result, result.attention_profile)
+
+
+def test_envelopes_by_n_labels_its_log_axes_in_full(result) -> None:
+    """plotly labels a log axis' ticks between decades with their first digit ("2" for 20)."""
+    layout = tlp.envelopes_by_n(result).to_plotly_json()["layout"]
+    for name in ("xaxis", "xaxis2"):
+        values, labels = layout[name]["tickvals"], layout[name]["ticktext"]
+        assert len(values) >= 3 and [float(label) for label in labels] == pytest.approx(list(values))
+        assert labels[:3] == ["1", "2", "5"] and "10" in labels

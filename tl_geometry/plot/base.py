@@ -101,4 +101,59 @@ def base_layout(
     fig.update_layout(title=dict(text=title), template="plotly_white", legend=dict(title=None))
     fig.update_xaxes(title_text=x_title, type="log" if log_x else "linear")
     fig.update_yaxes(title_text=y_title, type="log" if log_y else "linear")
+    return full_log_ticks(fig) if log_x or log_y else fig
+
+
+def log_tick_values(low: float, high: float, most: int = 12) -> list[float]:
+    """Tick values of a log axis over ``[low, high]`` (both > 0): the 1-2-5 series, or the powers
+    of ten where that gives more than ``most`` ticks; at least the two ends' neighbours.
+
+    >>> log_tick_values(1, 64), log_tick_values(0.03, 0.3)
+    ([1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0], [0.02, 0.05, 0.1, 0.2, 0.5])
+    """
+    first, last = int(np.floor(np.log10(low))), int(np.ceil(np.log10(high)))
+    for steps in ((1, 2, 5), (1,)):
+        values = [float(f"{m}e{e}") for e in range(first, last + 1) for m in steps]
+        below = [v for v in values if v <= low][-1:]  # the tick at or below the lowest value
+        above = [v for v in values if v >= high][:1]
+        values = below + [v for v in values if low < v < high] + above
+        if len(values) <= most or steps == (1,):
+            return values
+    return values  # pragma: no cover - the loop returns
+
+
+def full_log_ticks(fig: go.Figure) -> go.Figure:
+    """Label every log axis of ``fig`` with whole numbers ("20", "0.05"), not plotly's minor digits.
+
+    plotly labels the ticks between decades of a log axis with their first digit only ("2" for
+    20); here each log axis gets :func:`log_tick_values` over the data of its traces, written out.
+    """
+    layout = fig.to_plotly_json()["layout"]
+    for name, axis in layout.items():
+        if not (name.startswith(("xaxis", "yaxis")) and isinstance(axis, dict) and axis.get("type") == "log"):
+            continue
+        letter, suffix = name[0], name[5:]
+        ref = letter + suffix  # "x", "x2", ...
+        values: list[float] = []
+        for trace in fig.data:
+            if (getattr(trace, f"{letter}axis", None) or letter) != ref:
+                continue
+            data = getattr(trace, letter, None)
+            if data is not None:
+                values += [float(v) for v in np.asarray(data, dtype=object).ravel() if _positive(v)]
+        span = axis.get("range")  # a range set in log10 units bounds the ticks too
+        if span is not None and None not in span:
+            values += [10.0 ** span[0] * 1.0001, 10.0 ** span[1] / 1.0001]
+        if not values:
+            continue
+        ticks = log_tick_values(min(values), max(values))
+        fig.layout[name].update(tickvals=ticks, ticktext=[f"{v:g}" for v in ticks])
     return fig
+
+
+def _positive(value: Any) -> bool:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return False
+    return bool(np.isfinite(number) and number > 0)

@@ -34,6 +34,10 @@ RULE_COLORS = {
 def budget_pareto(table: Any) -> go.Figure:
     """``delta_nll_rel`` against ``B`` per rule (log ``B``); streaming dashed grey, as the static baseline.
 
+    The loss axis is logarithmic where every point lost loss (``delta_nll_rel > 0``): the rules
+    differ by tens of percent where streaming loses many times more, and a linear axis drew them
+    as one line. Otherwise it is linear.
+
     Parameters
     ----------
     table : DataFrame with ``rule``, ``mean_budget`` and ``delta_nll_rel`` (``evaluate_budgets``).
@@ -54,8 +58,15 @@ def budget_pareto(table: Any) -> go.Figure:
                 line=dict(color=RULE_COLORS.get(str(rule)), dash="dash" if rule == "streaming" else "solid"),
             )
         )
+    log_y = bool((table.delta_nll_rel > 0).all())
+    y_title = "loss increase over the full model (relative)" + (", log scale" if log_y else "")
     return base_layout(
-        fig, "Per-head budgets: loss against mean budget", "mean budget B (keys per query)", "delta_nll_rel", log_x=True
+        fig,
+        "Per-head budgets: loss against mean budget",
+        "mean budget B (keys per query, log scale)",
+        y_title,
+        log_x=True,
+        log_y=log_y,
     )
 
 

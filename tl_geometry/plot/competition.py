@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tl_geometry.errors import InputError
-from tl_geometry.plot.base import as_array
+from tl_geometry.plot.base import as_array, full_log_ticks
 from tl_geometry.plot.rankings import RANKING_COLORS
 
 
@@ -66,7 +67,7 @@ def n_star_by_context(table: pd.DataFrame) -> go.Figure:
     fig.update_layout(
         title=dict(text="Context scaling: the same targets from longer contexts"), template="plotly_white"
     )
-    return fig
+    return full_log_ticks(fig)
 
 
 def _fact_result(result: Any) -> Any:
@@ -143,9 +144,12 @@ def fact_attention(result: Any, head: tuple[int, int] | None = None) -> go.Figur
             )
     fig.update_xaxes(title_text="background m (tokens)")
     fig.update_yaxes(title_text="mass of the fact's tokens", row=1, col=1)
-    fig.update_yaxes(title_text="best rank (1 = highest weight)", type="log", row=1, col=2)
+    top = max(float(per_head.best_rank.max()), 2.0)
+    fig.update_yaxes(  # ranks start at 1: the axis too (log10(1) = 0)
+        title_text="best rank (1 = highest weight)", type="log", range=[0, np.log10(top) + 0.05], row=1, col=2
+    )
     fig.update_layout(title=dict(text="A supporting fact under competition"), template="plotly_white")
-    return fig
+    return full_log_ticks(fig)
 
 
 def fact_loss(result: Any) -> go.Figure:

@@ -10,7 +10,7 @@ from plotly.subplots import make_subplots
 
 from tl_geometry.errors import InputError
 from tl_geometry.io.row_sums import means_of_sums
-from tl_geometry.plot.base import N_AXIS, as_array, select_query, separability_sums
+from tl_geometry.plot.base import N_AXIS, as_array, full_log_ticks, select_query, separability_sums
 
 if TYPE_CHECKING:
     from tl_geometry.pipeline.result import AnalysisResult
@@ -93,7 +93,7 @@ def separability_by_ranking(
     fig.update_yaxes(title_text="mean over sequences, layers and heads (share, 0–1)", row=1, col=1)
     title = f"Selection by ranking against the random control: mean per N over {int(sep['n_rows'].sum())} rows"
     fig.update_layout(title=dict(text=title), template="plotly_white", legend=dict(title=None))
-    return fig
+    return full_log_ticks(fig)
 
 
 def _table(result: Any) -> pd.DataFrame:

@@ -10,7 +10,7 @@ from plotly.subplots import make_subplots
 
 from tl_geometry.capture.tables import check_heads
 from tl_geometry.errors import InputError
-from tl_geometry.plot.base import N_AXIS, TAXONOMY, as_array, get_table, one_query
+from tl_geometry.plot.base import N_AXIS, TAXONOMY, as_array, full_log_ticks, get_table, one_query
 from tl_geometry.plot.colors import REGIME_COLORS, REGIME_ORDER
 
 if TYPE_CHECKING:
@@ -138,4 +138,4 @@ def regime_diagnostics(
     fig.update_yaxes(title_text="norm (value-space units)", row=1, col=1)
     fig.update_yaxes(title_text="cosine (−1 to 1)", row=2, col=1)
     fig.update_layout(title=dict(text="Geometry of s(N) by head regime (Fig. 7)"), template="plotly_white")
-    return fig
+    return full_log_ticks(fig)

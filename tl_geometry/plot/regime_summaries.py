@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tl_geometry.errors import InputError
-from tl_geometry.plot.base import N_AXIS, as_array, base_layout, separability_sums
+from tl_geometry.plot.base import N_AXIS, as_array, base_layout, full_log_ticks, separability_sums
 from tl_geometry.plot.colors import REGIME_COLORS, REGIME_ORDER
 from tl_geometry.plot.regime_curves import check_heads
 from tl_geometry.taxonomy import regime_pr_curves, regime_shares
@@ -127,4 +127,4 @@ def regime_pr(
     fig.update_layout(title=dict(text="Precision and recall by head regime (Fig. 11)"), template="plotly_white")
     fig.update_xaxes(type="log", title_text=N_AXIS)
     fig.update_yaxes(title_text="mean over the regime's heads (share, 0–1)", range=[-0.02, 1.02])
-    return fig
+    return full_log_ticks(fig)

@@ -10,7 +10,7 @@ from plotly.subplots import make_subplots
 
 from tl_geometry.errors import InputError
 from tl_geometry.io.row_sums import means_of_sums
-from tl_geometry.plot.base import BOUNDS, N_AXIS, as_array, base_layout, select_query, separability_sums
+from tl_geometry.plot.base import BOUNDS, N_AXIS, as_array, base_layout, full_log_ticks, select_query, separability_sums
 from tl_geometry.plot.colors import LOWER_COLOR, MEASURED_COLOR, METRIC_COLORS, UPPER_COLOR
 from tl_geometry.theory.observer import envelopes as envelope_table
 
@@ -156,4 +156,4 @@ def envelopes_by_n(
     )
     fig.update_xaxes(type="log", title_text=N_AXIS)
     fig.update_yaxes(title_text="mean (share, 0–1)", range=[-0.02, 1.02])
-    return fig
+    return full_log_ticks(fig)

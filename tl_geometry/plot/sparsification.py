@@ -27,6 +27,7 @@ import plotly.graph_objects as go
 from tl_geometry.errors import InputError
 from tl_geometry.intervention.curve import DEFAULT_TOLERANCE, SparsificationCurve
 from tl_geometry.intervention.function import geometry_vs_function
+from tl_geometry.plot.base import full_log_ticks
 
 RANKING_COLORS = {"attention": "#0072B2", "contribution": "#009E73", "random": "#D55E00", "sink_window": "#777777"}
 BASELINE = "sink_window"
@@ -84,7 +85,7 @@ def loss_curve(curve: SparsificationCurve, tolerance: float = DEFAULT_TOLERANCE)
         xaxis=dict(type="log", title="N (keys kept per query, log scale)"),
         yaxis=dict(title="delta_nll_rel = (NLL_N − NLL) / NLL"),
     )
-    return fig
+    return full_log_ticks(fig)
 
 
 def geometry_vs_loss(
