@@ -61,6 +61,84 @@ code { background: var(--bg-alt); padding: 0 3px; border-radius: 3px; }
 """
 
 
+#: On a narrow screen (a phone, 420 px) every plotly figure is laid out again: its title and each
+#: panel's title and axis title wrapped to the width they have, the legend below the plot, and a
+#: log axis of a panel under 300 px labelled at the powers of ten only. Wider, as built.
+NARROW_SCRIPT = """
+(function () {
+  var NARROW = 640;
+  function wrap(text, chars) {
+    if (!text) { return text; }
+    var words = String(text).replace(/<br>/g, " ").split(" "), lines = [], line = "";
+    words.forEach(function (w) {
+      if (line && (line + " " + w).length > chars) { lines.push(line); line = w; }
+      else { line = line ? line + " " + w : w; }
+    });
+    if (line) { lines.push(line); }
+    return lines.join("<br>");
+  }
+  function axes(layout) {
+    return Object.keys(layout).filter(function (k) { return /^[xy]axis[0-9]*$/.test(k); });
+  }
+  function fit(div) {
+    if (!window.Plotly || !div.layout || !div.clientWidth) { return; }
+    var box = div.closest(".tlg-plot") || div.parentElement || div;
+    var layout = div.layout, width = box.clientWidth;
+    if (!div.tlgWide) {
+      var wide = {"title.text": layout.title && layout.title.text, "title.font.size": null, "legend.orientation": null,
+                  "legend.x": null, "legend.y": null, "legend.xanchor": null, "legend.yanchor": null,
+                  height: layout.height || null};
+      (layout.annotations || []).forEach(function (a, i) {
+        wide["annotations[" + i + "].text"] = a.text;
+        wide["annotations[" + i + "].font.size"] = (a.font && a.font.size) || null;
+      });
+      axes(layout).forEach(function (k) {
+        var ax = layout[k];
+        wide[k + ".title.text"] = ax.title && ax.title.text;
+        wide[k + ".ticktext"] = ax.ticktext || null;
+        wide[k + ".tickangle"] = ax.tickangle === undefined ? null : ax.tickangle;
+      });
+      div.tlgWide = wide;
+    }
+    if (width >= NARROW) {
+      if (div.tlgNarrow) {
+        div.tlgNarrow = false;
+        div.style.height = (div.tlgWide.height || 480) + "px";
+        Plotly.relayout(div, div.tlgWide);
+      }
+      return;
+    }
+    var xs = axes(layout).filter(function (k) { return k[0] === "x"; });
+    var panels = Math.max(1, new Set(xs.map(function (k) { return (layout[k].domain || [0, 1])[0]; })).size);
+    var panel = width / panels, update = {"title.font.size": 14, autosize: true, "legend.orientation": "h",
+      "legend.x": 0, "legend.xanchor": "left", "legend.y": -0.32, "legend.yanchor": "top"};
+    var shown = (div.data || []).filter(function (t) { return t.showlegend !== false && t.name; }).length;
+    div.style.height = ((div.tlgWide.height || 480) + 22 * Math.ceil(shown / 2) + 40) + "px";  // the legend's rows
+    update["title.text"] = wrap(div.tlgWide["title.text"], Math.floor(width / 9.5));
+    (layout.annotations || []).forEach(function (a, i) {
+      update["annotations[" + i + "].text"] = wrap(div.tlgWide["annotations[" + i + "].text"], Math.floor(panel / 7.5));
+      update["annotations[" + i + "].font.size"] = 11;
+    });
+    axes(layout).forEach(function (k) {
+      var ax = layout[k], span = k[0] === "x" ? panel : width;
+      update[k + ".title.text"] = wrap(div.tlgWide[k + ".title.text"], Math.floor(span / 7));
+      var text = div.tlgWide[k + ".ticktext"];
+      if (ax.type === "log" && text && k[0] === "x" && panel < 300) {
+        update[k + ".ticktext"] = text.map(function (t) { return /^(0\\.0*)?10*$/.test(t) ? t : ""; });
+        update[k + ".tickangle"] = 0;
+      }
+    });
+    div.tlgNarrow = true;
+    Plotly.relayout(div, update);
+  }
+  function fitAll() { document.querySelectorAll(".js-plotly-plot").forEach(fit); }
+  var timer = null;
+  window.addEventListener("resize", function () { clearTimeout(timer); timer = setTimeout(fitAll, 150); });
+  window.addEventListener("load", fitAll);
+})();
+"""
+
+
 def esc(text: Any) -> str:
     return html.escape("" if text is None else str(text), quote=True)
 
@@ -189,7 +267,7 @@ def page_html(title: str, meta: str, nav: list[tuple[str, str, bool]], sections:
         f"<title>{esc(title)}</title>\n<style>{CSS}</style>\n{plotlyjs_tags()}</head>\n<body>\n<main>\n"
         f"<header>\n<h1>{esc(title)}</h1>\n{meta}\n</header>\n<nav><ul>{nav_items}</ul></nav>\n"
         + "\n".join(sections)
-        + f"\n<footer>{footer}</footer>\n</main>\n</body>\n</html>\n"
+        + f"\n<footer>{footer}</footer>\n</main>\n<script>{NARROW_SCRIPT}</script>\n</body>\n</html>\n"
     )
 
 
