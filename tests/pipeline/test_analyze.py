@@ -250,7 +250,7 @@ def test_each_batch_runs_on_the_free_cpus(monkeypatch, llama_bridge, busy, expec
 def test_the_tables_are_built_on_the_free_cpus(monkeypatch, llama_bridge) -> None:
     """The accumulators' tables (float64 element-wise operations, which on a busy machine waited
     for a descheduled thread at torch's default count) run on the count the policy picks."""
-    from tl_geometry.core import threads
+    from tl_geometry.runtime import threads
     from tl_geometry.taxonomy.accumulate import FeatureAccumulator
 
     for name in threads.THREAD_VARIABLES:

@@ -282,6 +282,7 @@ def as_frame(effects: Float[Tensor, "n_layers n_heads"], column: str = "effect")
     return effect_frame(effects, column)
 
 
+@runs_model
 def head_out(
     model: Any,
     clean_tokens: Int[Tensor, "batch pos"],

@@ -173,9 +173,9 @@ GROUP_BYTES = 1536
 
 def rows_per_window(n_layers: int, n_heads: int, queries: Sequence[int], settings: AnalysisSettings) -> int:
     """The rows one window adds to the results: per layer, head, query position, ``N`` and ranking."""
-    from tl_geometry.core.sizes import resolve_ns
+    from tl_geometry.core.sizes import clip_ns, resolve_ns
 
-    sizes = sum(int(resolve_ns(settings.ns, q + 1).numel()) for q in queries)
+    sizes = sum(int(resolve_ns(clip_ns(settings.ns, q + 1), q + 1).numel()) for q in queries)
     return n_layers * n_heads * sizes * len(settings.rank_by)
 
 
