@@ -32,17 +32,76 @@ def test_context_writes_curves_table_and_page_and_resumes(tiny, tmp_path, capsys
     assert pd.read_parquet(out / "context.parquet").equals(table)
 
 
-def test_fact_writes_tables_and_page(tiny, tmp_path) -> None:
+FACTS = [
+    {"fact": "Bo moved to the den.", "question": "Where is Bo? In the ", "answer": "den"},
+    {"fact": "Al moved to the hall.", "question": "Where is Al? In the ", "answer": "hall",
+     "candidates": ["hall", "den", "attic"], "competitors": ["Bo moved to the attic."]},
+]  # fmt: skip
+
+
+def fact_argv(tmp_path, *extra):
     facts = tmp_path / "facts.json"
-    facts.write_text(json.dumps([["Bob lives in Oslo.", "Where does Bob live? In", " Oslo"]]))
+    facts.write_text(json.dumps(FACTS))
     background = tmp_path / "bg.txt"
     background.write_text("lorem ipsum dolor sit amet " * 5)
+    return ["fact", "--facts", str(facts), "--background", str(background), "--amounts", "0,16", "--ns", "2,4",
+            "--no-progress", "--out", str(tmp_path / "fact"), *extra]  # fmt: skip
+
+
+def test_fact_writes_tables_and_page_and_keeps_a_censored_n_star(tiny, tmp_path, capsys) -> None:
+    assert main(fact_argv(tmp_path, "--tolerance", "0")) == 0
     out = tmp_path / "fact"
-    argv = ["fact", "--facts", str(facts), "--background", str(background), "--amounts", "0,16", "--ns", "2",
-            "--head", "1,0", "--no-progress", "--out", str(out)]  # fmt: skip
-    assert main(argv) == 0
-    heads = pd.read_parquet(out / "heads.parquet")
+    heads, stars = pd.read_parquet(out / "heads.parquet"), pd.read_parquet(out / "n_star.parquet")
     assert sorted(set(heads.amount)) == [0, 16] and (out / "index.html").exists()
+    assert len(stars) == 2 * 2 and stars.censored.any()  # conditions x amounts, censored ones included
+    printed = capsys.readouterr().out
+    for row in stars.itertuples():
+        assert row.n_star_text == ("> 4" if row.censored else str(row.n_star))
+    assert "n_star_text" in printed
+
+
+def test_fact_resume_refuses_other_settings_before_the_model_loads(tiny, tmp_path, capsys, monkeypatch) -> None:
+    assert main(fact_argv(tmp_path)) == 0
+    answers = pd.read_parquet(tmp_path / "fact" / "answers.parquet")
+    capsys.readouterr()
+    monkeypatch.setattr(tlg, "load_model", lambda *a, **k: pytest.fail("the model must not be loaded"))
+    for extra, message in [
+        (["--model", "gpt2-xl"], "model option (gpt2-xl vs smollm2-135m)"),
+        (["--amounts", "0,8"], "amounts ([0, 8] vs [0, 16])"),
+        (["--tolerance", "0.5"], "tolerance (0.5 vs 0.1)"),
+        (["--rank-by", "random"], "rank_by (random vs attention)"),
+    ]:
+        argv = fact_argv(tmp_path, "--resume")
+        if extra[0] == "--amounts":
+            argv[argv.index("--amounts") + 1] = extra[1]
+            extra = []
+        assert main([*argv, *extra]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    monkeypatch.setattr(tlg, "load_model", lambda name, **kw: tiny)
+    assert main(fact_argv(tmp_path, "--resume")) == 0  # the same settings: nothing left, the same tables
+    assert pd.read_parquet(tmp_path / "fact" / "answers.parquet").equals(answers)
+
+
+def test_an_interrupted_fact_resumes_to_the_uninterrupted_tables(tiny, tmp_path, capsys, monkeypatch) -> None:
+    from tl_geometry.competition import retrieval
+
+    original, calls = retrieval.candidate_scores, {"n": 0}
+
+    def interrupt(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 7:
+            raise KeyboardInterrupt
+        return original(*a, **k)
+
+    monkeypatch.setattr(retrieval, "candidate_scores", interrupt)
+    assert main(fact_argv(tmp_path)) == 130
+    assert "continue with" in capsys.readouterr().err and (tmp_path / "fact" / "retrieval.json").exists()
+    monkeypatch.setattr(retrieval, "candidate_scores", original)
+    assert main(fact_argv(tmp_path, "--resume")) == 0
+    resumed = pd.read_parquet(tmp_path / "fact" / "answers.parquet")
+    assert main(fact_argv(tmp_path, "--force")) == 0
+    pd.testing.assert_frame_equal(resumed, pd.read_parquet(tmp_path / "fact" / "answers.parquet"))
 
 
 @pytest.mark.parametrize(
@@ -52,13 +111,31 @@ def test_fact_writes_tables_and_page(tiny, tmp_path) -> None:
         (["context", "--contexts", "1,128"], "integer >= 2"),
         (["context", "--ns", "0"], "--ns sizes must be integers >= 1"),
         (["fact", "--amounts", "-1"], "integer >= 0"),
-        (["fact", "--ns", "0"], "n must be an integer >= 1"),
-        (["fact", "--head", "1"], "--head must be LAYER,HEAD"),
-        (["fact", "--facts", "/nonexistent.json"], "not a JSON list"),
+        (["fact", "--ns", "0"], "--ns: n must be an integer >= 1"),
+        (["fact", "--conditions", "noise"], "conditions must be"),
+        (["fact", "--top", "0"], "--top"),
+        (["fact", "--facts", "/nonexistent.json"], "cannot read a JSON list"),
     ],
 )
 def test_bad_options_are_one_line_before_the_model_loads(monkeypatch, tmp_path, capsys, argv, message) -> None:
     monkeypatch.setattr(tlg, "load_model", lambda *a, **k: pytest.fail("the model must not be loaded"))
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "facts, message",
+    [
+        (["abc"], 'item 0 is "abc", not an object with fact, question, answer'),
+        ([["fact", "question", "answer"]], "not an object"),
+        ([{"fact": "f", "question": "q", "answer": "a", "hint": "h"}], "unknown keys ['hint']"),
+    ],
+)
+def test_a_facts_file_is_read_by_its_schema_before_the_model_loads(monkeypatch, tmp_path, capsys, facts, message):
+    monkeypatch.setattr(tlg, "load_model", lambda *a, **k: pytest.fail("the model must not be loaded"))
+    path = tmp_path / "facts.json"
+    path.write_text(json.dumps(facts))
+    assert main(["fact", "--facts", str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1

@@ -149,3 +149,28 @@ def test_n_star_by_context_labels_both_log_log_panels_in_full() -> None:
     fig = tlg.plot.n_star_by_context(context_table())
     assert {"xaxis", "xaxis2", "yaxis", "yaxis2"} <= set(log_axes(fig))
     assert_full_labels(fig)
+
+
+def retrieval_result():
+    from tl_geometry.competition.retrieval import ANSWER_COLUMNS, Retrieval
+
+    rows = []
+    for condition, amount, deltas in (("neutral", 0, (0.5, 0.05)), ("neutral", 512, (0.9, 0.3))):
+        for example in range(3):
+            for n, delta in zip((8, 64), deltas):
+                rows.append({"condition": condition, "amount": amount, "example_id": example, "rank_by": "attention",
+                             "renormalize": False, "n": n, "answer_loss": 1.0 + delta, "correct": example > 0,
+                             "answer_loss_full": 1.0, "correct_full": example != 1, "delta_loss": delta,
+                             "n_keys": 40 + amount})  # fmt: skip
+    return Retrieval(pd.DataFrame(), pd.DataFrame(rows, columns=ANSWER_COLUMNS), pd.DataFrame(), {"tolerance": 0.1})
+
+
+def test_retrieval_n_star_draws_a_censored_point_open_at_the_largest_size() -> None:
+    result = retrieval_result()
+    stars = result.n_star()
+    assert stars.n_star_text.tolist() == ["64", "> 64"] and stars.censored.tolist() == [False, True]
+    fig = tlg.plot.retrieval_n_star(result)
+    points, accuracy = fig.data
+    assert points.x.tolist() == [0, 512] and list(points.y) == [64, 64]
+    assert list(points.marker.symbol) == ["circle", "circle-open"] and list(points.text) == ["", "> 64"]
+    assert accuracy.y.tolist() == pytest.approx([2 / 3, 2 / 3])

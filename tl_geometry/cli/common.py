@@ -409,6 +409,7 @@ WRITTEN_FILES = tuple(
         "result.json",
         CHECKSUMS_FILE,
         "curve.json",
+        "retrieval.json",
         "tokens.npy",
         *(
             f"{store}/{file}"

@@ -1,120 +1,181 @@
-"""``tl-geometry fact``: a supporting fact under growing background (definitions §9).
+"""``tl-geometry fact``: retrieval under competition, bAbI qa1 style (definitions §9).
 
 ::
 
-    tl-geometry fact --amounts 0,64,256 --ns 4,16,64 --out runs/fact
+    tl-geometry fact --n-examples 16 --amounts 0,1024,2048,4096 --ns 8,16,32,64,128,256 --out runs/fact
 
-writes into ``--out``: ``heads.parquet`` (the fact's rank and mass per amount, fact and head),
-``loss.parquet`` (the answer's loss per amount, fact and ``N``), ``facts.parquet`` and
-``index.html``. ``--facts FILE`` reads your own facts: a JSON list of ``[fact, question, answer]``.
-``--resume`` on a finished directory rewrites the page from the saved tables.
+writes into ``--out`` as it runs: ``heads.parquet`` (the support keys' mass, rank displacement,
+recall and outrank probability at the answer query, per condition, amount, example and head),
+``answers.parquet`` (the candidate answer loss and accuracy per ``N``) and ``retrieval.json`` (the
+run's identity and the units done; ``--resume`` continues from them and refuses other settings
+before the model loads); at the end ``summary.parquet``, ``n_star.parquet``, ``support.parquet``,
+``examples.parquet`` and ``index.html``. ``--facts FILE`` reads your own examples: a JSON list of
+objects ``{"fact", "question", "answer"}`` with optional ``"candidates"`` and ``"competitors"``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tl_geometry.cli.common import add_out_options, check_out, load_model_and_claim, locked_out, out_path, parse_ints
+from tl_geometry.cli.common import (
+    add_out_options,
+    check_out,
+    load_model_and_claim,
+    locked_out,
+    out_path,
+    parse_ints,
+    parse_names,
+    resumable,
+)
 from tl_geometry.errors import TLGeometryError
-
-TABLES = ("heads", "loss", "facts")
 
 
 def add_parser(sub: Any) -> None:
     """The ``fact`` sub-command."""
-    p = sub.add_parser("fact", help="a supporting fact under background: its rank, mass and the answer's loss")
+    p = sub.add_parser("fact", help="retrieval under competition (bAbI qa1): support keys, candidate loss, N*")
     p.add_argument("--model", default="smollm2-135m", help="TransformerLens model name (default smollm2-135m)")
-    p.add_argument("--facts", default=None, help="JSON file of [fact, question, answer] lists (default: shipped)")
-    p.add_argument("--background", default="python-docs", help="'python-docs' (default) or a text file")
     p.add_argument(
-        "--amounts", default="0,64,256,1024", help="background sizes m in tokens, comma list (default %(default)s)"
+        "--facts", default=None, help="JSON file of examples {fact, question, answer[, candidates, competitors]}"
+    )
+    p.add_argument("--n-examples", type=int, default=16, help="generated examples (default 16; not with --facts)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated examples and of random ranking")
+    p.add_argument(
+        "--conditions", default="neutral,competitors", help="background conditions, comma list (default %(default)s)"
+    )
+    p.add_argument("--background", default="python-docs", help="neutral background: 'python-docs' or a text file")
+    p.add_argument(
+        "--amounts", default="0,1024,2048,4096", help="background sizes m in tokens, comma list (default %(default)s)"
     )
     p.add_argument(
-        "--ns", default="1,4,16,64", help="sizes N of the top-N restriction, comma list (default %(default)s)"
+        "--ns", default="1,2,4,8,16,32,64,128,256", help="sizes N of the top-N restriction (default %(default)s)"
     )
     p.add_argument("--rank-by", default="attention", help="ranking of the restriction (default attention)")
     p.add_argument("--renormalize", action="store_true", help="renormalise the kept weights")
-    p.add_argument("--head", default=None, help="LAYER,HEAD drawn as its own line in the figure")
-    add_out_options(p, "runs/fact", "supporting-fact run")
+    p.add_argument("--tolerance", type=float, default=0.10, help="N*'s tolerance in nats (default 0.10)")
+    p.add_argument("--top", type=int, default=64, help="cut-off of the support recall (default 64)")
+    add_out_options(p, "runs/fact", "retrieval run")
     p.set_defaults(handler=fact_command)
 
 
 def _options(args: argparse.Namespace) -> dict:
     """Every option checked, before the model is loaded."""
-    from tl_geometry.competition.fact import as_facts, check_amounts
-    from tl_geometry.core.rankings import check_rank_by
+    from tl_geometry.competition.babi import babi_examples, read_examples
+    from tl_geometry.competition.fact import check_amounts
+    from tl_geometry.competition.retrieval import check_conditions, check_top, retrieval_settings
+    from tl_geometry.core.rankings import check_rank_by, check_seed
     from tl_geometry.intervention.context import check_n
+    from tl_geometry.intervention.curve import check_tolerance
 
     amounts = check_amounts(parse_ints(args.amounts, "--amounts", ()))
-    ns = [check_n(n) for n in parse_ints(args.ns, "--ns", ())]
-    check_rank_by(args.rank_by)
-    facts = None
-    if args.facts is not None:
+    ns = parse_ints(args.ns, "--ns", ())
+    if not ns:
+        raise TLGeometryError("--ns is empty: give at least one size N, e.g. --ns 8,16,32")
+    try:
+        ns = sorted({check_n(n) for n in ns})
+    except TLGeometryError as exc:
+        raise TLGeometryError(f"--ns: {exc}") from None
+    rank_by = check_rank_by(args.rank_by)
+    conditions = check_conditions(parse_names(args.conditions))
+    for option, check, value in (
+        ("--tolerance", check_tolerance, args.tolerance),
+        ("--top", check_top, args.top),
+        ("--seed", check_seed, args.seed),
+    ):
         try:
-            facts = as_facts([tuple(item) for item in json.loads(Path(args.facts).read_text(encoding="utf-8"))])
-        except (OSError, ValueError, TypeError) as exc:
-            raise TLGeometryError(
-                f"--facts {args.facts}: not a JSON list of [fact, question, answer] ({exc})"
-            ) from None
-    head = None
-    if args.head is not None:
-        parts = parse_ints(args.head, "--head", ())
-        if len(parts) != 2:
-            raise TLGeometryError(f"--head must be LAYER,HEAD, got {args.head!r}")
-        head = (int(parts[0]), int(parts[1]))
+            check(value)
+        except TLGeometryError as exc:
+            raise TLGeometryError(f"{option}: {exc}") from None
+    if args.facts is not None:
+        examples = read_examples(args.facts)
+    else:
+        if args.n_examples < 1:
+            raise TLGeometryError(f"--n-examples must be at least 1, got {args.n_examples}")
+        examples = babi_examples(args.n_examples, seed=args.seed)
     background = None
     if args.background != "python-docs":
         from tl_geometry import corpus
 
         background = corpus.from_files(args.background)
-    return {"amounts": amounts, "ns": ns, "facts": facts, "head": head, "background": background}
+    notes = {"model option": args.model, "background option": args.background}
+    settings = retrieval_settings(
+        examples, conditions, amounts, ns, rank_by, args.renormalize, float(args.tolerance), args.top, args.seed
+    )
+    return {
+        "examples": examples,
+        "conditions": conditions,
+        "amounts": amounts,
+        "ns": ns,
+        "rank_by": rank_by,
+        "background": background,
+        "notes": notes,
+        "settings": {**settings, **notes},
+    }
 
 
 def fact_command(args: argparse.Namespace) -> int:
     options = _options(args)
-    with locked_out(out_path(args, "supporting-fact run", "runs/fact"), args):  # before the model loads
+    out = out_path(args, "retrieval run", "runs/fact")
+    with locked_out(out, args):  # before the model loads
         return _fact(args, options)
 
 
 def _fact(args: argparse.Namespace, options: dict) -> int:
-    import pandas as pd
-
-    import tl_geometry as tlg
-    from tl_geometry.competition.fact import SupportingFact
-    from tl_geometry.report.competition import write_fact_report
+    from tl_geometry.competition.retrieval import PROGRESS_FILE, check_saved_identity, retrieval_under_competition
+    from tl_geometry.io.store import StoreError
+    from tl_geometry.report.competition import write_retrieval_report
 
     out = check_out(
         args,
-        what="supporting-fact run",
+        what="retrieval run",
         example="runs/fact",
-        saved=lambda d: all((d / f"{t}.parquet").exists() for t in TABLES),
-        nothing_saved="holds no finished tables (heads.parquet, loss.parquet, facts.parquet)",
+        saved=lambda d: (d / PROGRESS_FILE).is_file(),
+        nothing_saved=f"holds no retrieval run ({PROGRESS_FILE})",
     )
     if args.resume:
-        tables = {t: pd.read_parquet(out / f"{t}.parquet") for t in TABLES}
-        result = SupportingFact(tables["heads"], tables["loss"], tables["facts"], {"model": args.model})
-    else:
-        model = load_model_and_claim(args, out)
-        result = tlg.supporting_fact(
+        try:  # every setting that needs no model, before it loads
+            check_saved_identity(out, options["settings"], keys=list(options["settings"]))
+        except StoreError as exc:
+            raise TLGeometryError(f"--resume: {exc}; or start over with --force") from None
+    model = load_model_and_claim(args, out)
+    with resumable(args, out, f"the examples measured are saved in {out}"):
+        result = retrieval_under_competition(
             model,
-            options["facts"],
+            options["examples"],
+            conditions=options["conditions"],
             background=options["background"],
             amounts=options["amounts"],
             ns=options["ns"],
-            rank_by=args.rank_by,
+            rank_by=options["rank_by"],
             renormalize=args.renormalize,
+            tolerance=args.tolerance,
+            top=args.top,
+            seed=args.seed,
+            out_dir=out,
+            resume=args.resume,
+            notes=options["notes"],
             progress=not args.no_progress,
         )
-        for t in TABLES:
-            getattr(result, t).to_parquet(out / f"{t}.parquet", index=False)
-    page = write_fact_report(out, result, options["head"])
-    per_head = result.heads.groupby(["amount", "layer", "head"])[["mass", "best_rank"]].median()
-    print(per_head.groupby("amount").median().round(4).to_string())
-    print(f"report   {page}\ntables   {out}/heads.parquet, loss.parquet, facts.parquet")
+    write_tables(out, result)
+    page = write_retrieval_report(out, result)
+    stars = result.n_star()
+    print(stars[["condition", "amount", "n_star_text", "answer_loss_full", "accuracy_full"]].to_string(index=False))
+    print(result.support().round(4).to_string(index=False))
+    print(
+        f"report   {page}\ntables   {out}/n_star.parquet, summary.parquet, support.parquet, heads.parquet, answers.parquet"
+    )
     return 0
+
+
+def write_tables(out: Path, result: Any) -> None:
+    """The finished run's derived tables, beside the ones written as it ran."""
+    from tl_geometry.io.files import write_atomic
+
+    tables = {"summary": result.summary(), "n_star": result.n_star(), "support": result.support()}
+    for name, table in {**tables, "examples": result.examples}.items():
+        write_atomic(out / f"{name}.parquet", partial(table.to_parquet, index=False))
 
 
 __all__ = ["add_parser", "fact_command"]

@@ -13,7 +13,14 @@ from tl_geometry.plot.attention import attention_mass
 from tl_geometry.plot.budgets import budget_pareto
 from tl_geometry.plot.circuitsvis_grid import HeadGrid, head_grid, head_grid_html
 from tl_geometry.plot.colors import METRIC_COLORS, REGIME_COLORS, REGIME_ORDER
-from tl_geometry.plot.competition import fact_attention, fact_loss, n_star_by_context
+from tl_geometry.plot.competition import (
+    fact_attention,
+    fact_loss,
+    n_star_by_context,
+    retrieval_loss,
+    retrieval_n_star,
+    retrieval_support,
+)
 from tl_geometry.plot.contributions import contribution_points, contributions_from_model, contributions_scatter
 from tl_geometry.plot.head_types import regimes_vs_head_types
 from tl_geometry.plot.heatmap import head_heatmap, head_values
@@ -64,6 +71,9 @@ __all__ = [
     "n_star_by_context",
     "fact_attention",
     "fact_loss",
+    "retrieval_loss",
+    "retrieval_n_star",
+    "retrieval_support",
     "head_grid",
     "head_grid_html",
     "HeadGrid",

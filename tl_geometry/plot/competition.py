@@ -180,4 +180,126 @@ def fact_loss(result: Any) -> go.Figure:
     return fig
 
 
-__all__ = ["fact_attention", "fact_loss", "n_star_by_context"]
+CONDITION_COLORS = {"neutral": "#0072B2", "competitors": "#D55E00"}
+
+
+def _retrieval(result: Any) -> Any:
+    if not all(hasattr(result, name) for name in ("heads", "answers", "summary", "n_star")):
+        raise InputError("this figure needs the result of tlg.competition.retrieval_under_competition(model)")
+    return result
+
+
+def retrieval_n_star(result: Any, tolerance: float | None = None) -> go.Figure:
+    """``N*`` against background ``m`` per condition (left) and full-attention accuracy with 95 % Wilson
+    intervals (right). A censored ``N*`` (no size within the tolerance) is drawn as an open marker at
+    the largest size tried, labelled "> max"; it is never left out."""
+    stars = _retrieval(result).n_star(tolerance)
+    summary = result.summary().drop_duplicates(["condition", "amount"])
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("N* against background", "accuracy under full attention"))
+    for condition, group in stars.groupby("condition", sort=False):
+        group = group.sort_values("amount")
+        color = CONDITION_COLORS.get(str(condition), "#000000")
+        y = [int(r.n_max) if r.censored else int(r.n_star) for r in group.itertuples()]
+        symbols = ["circle-open" if c else "circle" for c in group.censored]
+        fig.add_trace(
+            go.Scatter(
+                x=as_array(group.amount),
+                y=y,
+                mode="lines+markers+text",
+                text=[t if c else "" for t, c in zip(group.n_star_text, group.censored)],
+                textposition="top center",
+                marker=dict(symbol=symbols, size=10, color=color),
+                line=dict(color=color),
+                name=str(condition),
+                legendgroup=str(condition),
+            ),
+            row=1,
+            col=1,
+        )
+        acc = summary[summary.condition == condition].sort_values("amount")
+        fig.add_trace(
+            go.Scatter(
+                x=as_array(acc.amount),
+                y=as_array(acc.accuracy_full),
+                error_y=dict(
+                    type="data",
+                    symmetric=False,
+                    array=as_array(acc.accuracy_full_high - acc.accuracy_full),
+                    arrayminus=as_array(acc.accuracy_full - acc.accuracy_full_low),
+                ),
+                mode="lines+markers",
+                line=dict(color=color),
+                name=str(condition),
+                legendgroup=str(condition),
+                showlegend=False,
+            ),
+            row=1,
+            col=2,
+        )
+    fig.update_xaxes(title_text="background m (tokens)")
+    fig.update_yaxes(type="log", title_text="N* (open: censored, > max)", row=1, col=1)
+    fig.update_yaxes(title_text="candidate accuracy", range=[0, 1.05], row=1, col=2)
+    fig.update_layout(title=dict(text="Retrieval under competition"), template="plotly_white")
+    return fig
+
+
+def retrieval_loss(result: Any) -> go.Figure:
+    """The mean answer-loss increase over full attention (nats) against ``N``, one line per condition and ``m``."""
+    summary = _retrieval(result).summary()
+    fig = go.Figure()
+    for (condition, amount), group in summary.groupby(["condition", "amount"], sort=False):
+        group = group.sort_values("n")
+        fig.add_trace(
+            go.Scatter(
+                x=as_array(group.n),
+                y=as_array(group.delta_loss),
+                mode="lines+markers",
+                line=dict(color=CONDITION_COLORS.get(str(condition), "#000000"), dash="dot" if amount else "solid"),
+                name=f"{condition}, m = {amount}",
+            )
+        )
+    fig.update_layout(
+        title=dict(text="Answer-loss increase of top-N selection"),
+        template="plotly_white",
+        xaxis=dict(type="log", title="N (keys kept per query)"),
+        yaxis_title="mean answer loss - full attention's (nats)",
+    )
+    return fig
+
+
+def retrieval_support(result: Any) -> go.Figure:
+    """The support keys at the answer query against ``m``: mass, rank displacement (log), recall among the
+    top keys, pairwise outrank probability (means over examples, layers and heads), per condition."""
+    support = _retrieval(result).support()
+    names = ("mass", "rank_displacement", "recall_at_top", "pairwise_outrank")
+    fig = make_subplots(rows=1, cols=4, subplot_titles=("mass", "rank displacement", "recall@top", "P(outranked)"))
+    for condition, group in support.groupby("condition", sort=False):
+        group = group.sort_values("amount")
+        for col, name in enumerate(names, start=1):
+            fig.add_trace(
+                go.Scatter(
+                    x=as_array(group.amount),
+                    y=as_array(group[name]),
+                    mode="lines+markers",
+                    line=dict(color=CONDITION_COLORS.get(str(condition), "#000000")),
+                    name=str(condition),
+                    legendgroup=str(condition),
+                    showlegend=col == 1,
+                ),
+                row=1,
+                col=col,
+            )
+    fig.update_xaxes(title_text="background m (tokens)")
+    fig.update_layout(title=dict(text="Support keys at the answer query"), template="plotly_white")
+    return fig
+
+
+__all__ = [
+    "CONDITION_COLORS",
+    "fact_attention",
+    "fact_loss",
+    "n_star_by_context",
+    "retrieval_loss",
+    "retrieval_n_star",
+    "retrieval_support",
+]

@@ -29,6 +29,7 @@ from tl_geometry.report.sections import Summary
 
 CONTEXT_SECTION = "context"
 FACT_SECTION = "fact"
+RETRIEVAL_SECTION = "retrieval"
 
 
 def context_summary(table: pd.DataFrame) -> Summary:
@@ -110,6 +111,93 @@ def fact_figures(result: Any, head: tuple[int, int] | None = None) -> list[Repor
     ]
 
 
+def retrieval_summary(result: Any) -> Summary:
+    """``N*`` per condition and background (censored ones as "> max"), accuracy with Wilson
+    intervals, and the support measures at the answer query."""
+    stars = result.n_star()[
+        [
+            "condition",
+            "amount",
+            "rank_by",
+            "renormalize",
+            "n_star_text",
+            "censored",
+            "answer_loss_full",
+            "accuracy_full",
+        ]
+    ]
+    summary = result.summary()
+    full = summary.drop_duplicates(["condition", "amount"])[
+        [
+            "condition",
+            "amount",
+            "n_examples",
+            "answer_loss_full",
+            "accuracy_full",
+            "accuracy_full_low",
+            "accuracy_full_high",
+        ]
+    ]
+    config = result.config
+    lead = (
+        f"{config.get('n_examples', '')} examples: a supporting fact, m tokens of background (neutral text, or "
+        "same-format facts about other people: competitors) and a question; the candidates are scored by the "
+        "logit of their first token at the query that predicts the answer (definitions §9). N* is the smallest "
+        f"N whose mean answer loss is within {config.get('tolerance', '')} nats of full attention's; '> max': "
+        "no size tried was."
+    )
+    return Summary(
+        available=True,
+        lead=lead,
+        tables=[
+            ("N* per condition and background", stars),
+            ("Full attention: answer loss and candidate accuracy (95 % Wilson interval)", full),
+            ("Support keys at the answer query (means over examples, layers, heads)", result.support()),
+            ("Answer loss and accuracy per N", summary),
+        ],
+    )
+
+
+def retrieval_figures(result: Any) -> list[ReportFigure]:
+    from tl_geometry.plot.competition import retrieval_loss, retrieval_n_star, retrieval_support
+
+    return [
+        ReportFigure(
+            "N* against background",
+            "open markers: censored (no size within the tolerance)",
+            retrieval_n_star(result),
+            RETRIEVAL_SECTION,
+            source="tl_geometry.plot.retrieval_n_star",
+        ),
+        ReportFigure(
+            "Answer-loss increase against N",
+            "",
+            retrieval_loss(result),
+            RETRIEVAL_SECTION,
+            source="tl_geometry.plot.retrieval_loss",
+        ),
+        ReportFigure(
+            "Support keys against background",
+            "",
+            retrieval_support(result),
+            RETRIEVAL_SECTION,
+            source="tl_geometry.plot.retrieval_support",
+        ),
+    ]
+
+
+def write_retrieval_report(out_dir: str | Path, result: Any) -> Path:
+    """Write ``out_dir/index.html`` with the retrieval-under-competition section; self-contained."""
+    return write_section_page(
+        out_dir,
+        RETRIEVAL_SECTION,
+        "tl_geometry retrieval under competition",
+        retrieval_summary(result),
+        retrieval_figures(result),
+        ("Settings", result.config.items()),
+    )
+
+
 def write_context_report(out_dir: str | Path, table: pd.DataFrame, config: dict | None = None) -> Path:
     """Write ``out_dir/index.html`` with the context-scaling section; self-contained."""
     return write_section_page(
@@ -139,6 +227,9 @@ __all__ = [
     "context_summary",
     "fact_figures",
     "fact_summary",
+    "retrieval_figures",
+    "retrieval_summary",
+    "write_retrieval_report",
     "write_context_report",
     "write_fact_report",
 ]

@@ -32,6 +32,7 @@ SECTIONS = {
     "budgets": "Per-head budgets",
     "context": "Context scaling",
     "fact": "A supporting fact under competition",
+    "retrieval": "Retrieval under competition",
     "other": "More figures",
 }
 
