@@ -48,6 +48,19 @@ def fact_argv(tmp_path, *extra):
             "--no-progress", "--out", str(tmp_path / "fact"), *extra]  # fmt: skip
 
 
+def test_context_prints_and_keeps_a_censored_n_star(tiny, tmp_path, capsys) -> None:
+    doc = tmp_path / "doc.txt"
+    doc.write_text("the quick brown fox jumps over the lazy dog; " * 3)
+    argv = ["context", "--corpus", str(doc), "--n-docs", "1", "--contexts", "8,16", "--targets", "4", "--ns", "1",
+            "--tolerance", "0", "--renormalize", "deletion", "--no-progress", "--out", str(tmp_path / "ctx")]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    table = pd.read_parquet(tmp_path / "ctx" / "context.parquet")
+    censored = table[table.censored]
+    assert len(censored) and (censored.n_star_text == "> 1").all() and (censored.n_max == 1).all()
+    assert "<NA>" not in printed and printed.count("N* = > 1  N*/L = > ") == len(censored)
+
+
 def test_fact_writes_tables_and_page_and_keeps_a_censored_n_star(tiny, tmp_path, capsys) -> None:
     assert main(fact_argv(tmp_path, "--tolerance", "0")) == 0
     out = tmp_path / "fact"

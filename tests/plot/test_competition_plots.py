@@ -18,7 +18,8 @@ def context_table():
     for context, star in ((128, 16), (256, 32), (512, None)):
         for n in (4, 16, 64):
             rows.append({"context": context, "rank_by": "attention", "renormalize": False, "n": n,
-                         "n_star": star, "n_star_over_context": None if star is None else star / context})  # fmt: skip
+                         "n_star": star, "n_star_over_context": None if star is None else star / context,
+                         "n_max": 64})  # fmt: skip
     table = pd.DataFrame(rows)
     table["n_star"] = table["n_star"].astype("Int64")
     return table
@@ -27,8 +28,9 @@ def context_table():
 def test_n_star_by_context_draws_n_star_and_its_fraction_log_log() -> None:
     fig = tlg.plot.n_star_by_context(context_table())
     left, right = fig.data
-    assert left.x.tolist() == [128, 256] and left.y.tolist() == [16, 32]  # no size passed at 512: left out
-    assert right.y.tolist() == [16 / 128, 32 / 256]
+    assert list(left.x) == [128, 256, 512] and list(left.y) == [16, 32, 64]  # none passed at 512: "> 64", open
+    assert list(left.marker.symbol) == ["circle", "circle", "circle-open"] and list(left.text) == ["", "", "> 64"]
+    assert list(right.y) == [16 / 128, 32 / 256, 64 / 512]
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log" and fig.layout.yaxis2.type == "log"
     with pytest.raises(InputError, match="context_scaling"):
         tlg.plot.n_star_by_context(pd.DataFrame())

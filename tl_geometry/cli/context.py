@@ -146,8 +146,8 @@ def _context(args: argparse.Namespace, options: dict, out: Path, world: Any) -> 
     for row in stars.itertuples():
         label = "renormalised" if row.renormalize else "deletion"
         print(
-            f"L={row.context:<6} {row.rank_by:<12} {label:<12} NLL {row.nll_full:.4f}  N* = {row.n_star}  "
-            f"N*/L = {row.n_star_over_context}"
+            f"L={row.context:<6} {row.rank_by:<12} {label:<12} NLL {row.nll_full:.4f}  N* = {row.n_star_text}  "
+            f"N*/L = {'> ' + format(row.n_max / row.context, '.4g') if row.censored else format(row.n_star_over_context, '.4g')}"
         )
     print(f"report   {page}\ntable    {out / 'context.parquet'}")
     return 0

@@ -59,6 +59,9 @@ CONTEXT_COLUMNS = [
     "tolerance",
     "n_star",
     "n_star_over_context",
+    "censored",
+    "n_max",
+    "n_star_text",
     "n_docs",
     "targets",
 ]
@@ -134,6 +137,17 @@ def check_context_inputs(info: ModelInfo, contexts: list[int], targets: Any, n_d
     return int(targets), None if n_docs is None else int(n_docs)
 
 
+def censoring(curve: pd.DataFrame, stars: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank_by, renormalize): ``censored`` (no size passed: ``n_star`` is ``<NA>``), ``n_max``
+    (the largest size measured) and ``n_star_text`` (``"32"`` or ``"> 64"``), so that a censored
+    ``N*`` stays in the table."""
+    n_max = curve.groupby(["rank_by", "renormalize"], sort=False).n.max().rename("n_max").reset_index()
+    out = stars[["rank_by", "renormalize", "n_star"]].merge(n_max, on=["rank_by", "renormalize"], how="left")
+    out["censored"] = out.n_star.isna()
+    out["n_star_text"] = [f"> {m}" if c else str(int(s)) for s, c, m in zip(out.n_star, out.censored, out.n_max)]
+    return out.drop(columns="n_star")
+
+
 @runs_model
 def context_scaling(
     model: Any,
@@ -182,7 +196,8 @@ def context_scaling(
     Returns
     -------
     Tidy DataFrame, one row per ``(context, rank_by, renormalize, n)``: the curve's columns plus
-    ``tolerance``, ``n_star`` and ``n_star_over_context`` (the same on every row of one context),
+    ``tolerance``, ``n_star`` and ``n_star_over_context`` (the same on every row of one context;
+    ``<NA>`` when no size passes), ``censored``, ``n_max`` and ``n_star_text`` (``"> n_max"`` then),
     ``n_docs`` and ``targets``; ``attrs["skipped_docs"]`` counts the short documents skipped.
     """
     sizes_spec, rankings, flags = ns, check_rankings(rank_by), check_renormalize(renormalize)
@@ -222,6 +237,7 @@ def context_scaling(
             targets=n_targets,
         )
         stars = curve.effective_set_size(tau, refine=refine)[["rank_by", "renormalize", "n_star"]]
+        stars = stars.merge(censoring(curve.table, stars), on=["rank_by", "renormalize"], how="left")
         table = curve.table.merge(stars, on=["rank_by", "renormalize"], how="left")
         table.insert(0, "context", L)
         table["tolerance"] = tau
@@ -239,6 +255,7 @@ def context_scaling(
 __all__ = [
     "CONTEXT_COLUMNS",
     "DEFAULT_CONTEXTS",
+    "censoring",
     "check_contexts",
     "context_scaling",
     "context_windows",

@@ -37,22 +37,34 @@ def n_star_by_context(table: pd.DataFrame) -> go.Figure:
     Parameters
     ----------
     table : the table of :func:`tl_geometry.context_scaling` (columns ``context``, ``rank_by``,
-        ``renormalize``, ``n_star``, ``n_star_over_context``). Contexts where no size passes are left out.
+        ``renormalize``, ``n_star``, ``n_star_over_context``, and ``n_max``). A context where no size
+        passes (censored ``N*``) is drawn as an open marker at ``n_max``, labelled "> n_max".
     """
     needed = {"context", "rank_by", "renormalize", "n_star", "n_star_over_context"}
     if not isinstance(table, pd.DataFrame) or not needed <= set(table.columns) or table.empty:
         raise InputError("this figure needs the table of tlg.context_scaling(model, corpus)")
-    points = table.drop_duplicates(["context", "rank_by", "renormalize"]).dropna(subset=["n_star"])
+    points = table.drop_duplicates(["context", "rank_by", "renormalize"])
     fig = make_subplots(rows=1, cols=2, subplot_titles=("N*_tau against L", "N*_tau / L against L"))
     for (rank_by, renorm), group in points.groupby(["rank_by", "renormalize"], sort=False):
         group = group.sort_values("context")
+        censored = group.n_star.isna().to_numpy()
+        # a censored N* (no size passed) is drawn open at the largest size measured: "> n_max"
+        n_max = group["n_max"] if "n_max" in group else pd.Series(pd.NA, index=group.index)
+        stars = [float(m) if c else float(s) for s, c, m in zip(group.n_star, censored, n_max)]
+        keep = [not (c and pd.isna(m)) for c, m in zip(censored, n_max)]  # an older table has no n_max
+        x = [int(L) for L, k in zip(group.context, keep) if k]
         style = dict(color=RANKING_COLORS.get(rank_by, "#000000"), dash="dot" if renorm else "solid")
-        for col, y in ((1, group.n_star), (2, group.n_star_over_context)):
+        marker = dict(symbol=["circle-open" if c else "circle" for c, k in zip(censored, keep) if k], size=9)
+        text = [f"> {int(m)}" if c else "" for c, m, k in zip(censored, n_max, keep) if k]
+        for col, values in ((1, stars), (2, [v / L for v, L in zip(stars, group.context)])):
             fig.add_trace(
                 go.Scatter(
-                    x=as_array(group.context),
-                    y=as_array(y),
-                    mode="lines+markers",
+                    x=x,
+                    y=[v for v, k in zip(values, keep) if k],
+                    mode="lines+markers+text",
+                    text=text,
+                    textposition="top center",
+                    marker=marker,
                     line=style,
                     name=_label(rank_by, bool(renorm)),
                     legendgroup=_label(rank_by, bool(renorm)),

@@ -34,8 +34,9 @@ RETRIEVAL_SECTION = "retrieval"
 
 def context_summary(table: pd.DataFrame) -> Summary:
     """``N*_tau`` and ``N*_tau / L`` per context, ranking and renormalisation, with the full loss."""
+    shown = ["n_star_text", "censored"] if "n_star_text" in table else ["n_star"]  # older tables: no censoring columns
     stars = table.drop_duplicates(["context", "rank_by", "renormalize"])[
-        ["context", "rank_by", "renormalize", "nll_full", "n_star", "n_star_over_context"]
+        ["context", "rank_by", "renormalize", "nll_full", *shown, "n_star_over_context"]
     ]
     first = table.iloc[0]
     lead = (
