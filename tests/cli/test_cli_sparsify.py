@@ -47,6 +47,20 @@ def test_sparsify_writes_tables_and_report(tmp_path, tiny, capsys) -> None:
     assert main([*ARGS, "--out", str(out), "--force"]) == 0
 
 
+def test_sparsify_tolerances_give_n_star_at_each_with_censored_ones_kept(tmp_path, tiny, capsys) -> None:
+    out = tmp_path / "sp"
+    argv = ["sparsify", "--n-seqs", "2", "--seq-len", "12", "--ns", "1,4", "--rank-by", "attention,random",
+            "--renormalize", "both", "--local", "none", "--no-geometry", "--no-progress",
+            "--tolerance", "0.05", "--tolerances", "0.01,0.1,0", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    n_star = pd.read_parquet(out / "n_star.parquet")
+    assert sorted(set(n_star.tolerance)) == [0.0, 0.01, 0.05, 0.1] and len(n_star) == 4 * 2 * 2
+    assert {"censored", "n_max", "n_star_text"} <= set(n_star.columns)
+    printed = capsys.readouterr().out
+    assert "<NA>" not in printed and printed.count("N* = ") == 16
+    assert main([*argv[:-4], "--tolerances", "0.01,x", "--out", str(tmp_path / "other")]) == 2
+
+
 def test_an_out_of_csv_tables_resumes_into_parquet_and_report_names_the_fix(tmp_path, tiny, capsys) -> None:
     """A sparsify --out of tl_geometry 0.2 held curve.csv, n_star.csv...: --resume writes the
     parquet tables and drops the stale CSVs; `report` refuses the directory in one line."""

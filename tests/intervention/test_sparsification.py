@@ -105,6 +105,19 @@ def test_effective_set_size_is_over_the_sizes_evaluated_when_not_monotone() -> N
     assert curve.effective_set_size(0.5, refine=True).n_star.tolist() == [1]
 
 
+def test_n_star_table_refines_each_tolerance_to_integers_and_keeps_censored_ones() -> None:
+    delta = lambda n: max(0.0, (40 - n) / 100) + (0.5 if n < 2 else 0.0)  # noqa: E731
+    curve, _ = fake_curve(delta, [1, 2, 4, 8, 16, 32, 64])
+    table = curve.n_star_table((0.10, 0.01, 0.05, -0.0), refine=True)
+    assert table.tolerance.tolist() == [0.0, 0.01, 0.05, 0.10]
+    for row in table.itertuples():  # a loop over every integer size: the smallest one within tau
+        assert row.n_star == min(n for n in range(1, 65) if delta(n) <= row.tolerance)
+    assert table.n_star.tolist() == [40, 39, 35, 30] and not table.censored.any()
+    censored = fake_curve(lambda n: 1.0, [1, 2, 8])[0].n_star_table([0.05])
+    assert censored.censored.tolist() == [True] and censored.n_star_text.tolist() == ["> 8"]
+    assert censored.n_max.tolist() == [8] and censored.n_star.isna().all()
+
+
 def test_no_size_passes_gives_na() -> None:
     curve, _ = fake_curve(lambda n: 1.0, [1, 2])
     out = curve.effective_set_size(0.05)

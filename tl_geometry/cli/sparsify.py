@@ -73,6 +73,11 @@ def add_parser(sub: Any) -> None:
         f"(default {QUICK['renormalize']}; with --full {FULL['renormalize']})",
     )
     p.add_argument("--tolerance", type=float, default=0.05, help="tau of N*_tau (default 0.05)")
+    p.add_argument(
+        "--tolerances",
+        default=None,
+        help="more tau's of N*, comma list (e.g. 0.01,0.05,0.10): n_star.parquet holds N* at each, censored kept",
+    )
     p.add_argument("--no-refine", action="store_true", help="N* over the grid only (no bisection passes)")
     p.add_argument(
         "--local-unit",
@@ -113,11 +118,19 @@ def _options(args: argparse.Namespace) -> dict:
     if not math.isfinite(args.tolerance) or args.tolerance < 0:
         raise TLGeometryError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
     check_tolerance(args.tolerance)
+    tolerances = [args.tolerance]
+    if args.tolerances is not None:
+        try:
+            tolerances += [check_tolerance(float(t)) for t in parse_names(args.tolerances)]
+        except (ValueError, TLGeometryError):
+            raise TLGeometryError(
+                f"--tolerances must be a comma list of numbers >= 0 like 0.01,0.05,0.10, got {args.tolerances!r}"
+            ) from None
     with named_option("--local-n"):
         check_n(args.local_n)
     flags = {"both": (False, True), "deletion": (False,), "renormalize": (True,)}[args.renormalize]
     rankings = check_rankings(parse_names(args.rank_by) or [""])
-    return {"ns": ns, "rank_by": rankings, "renormalize": flags}
+    return {"ns": ns, "rank_by": rankings, "renormalize": flags, "tolerances": sorted(set(tolerances))}
 
 
 def _check_out(args: argparse.Namespace) -> Path:
@@ -160,7 +173,7 @@ def _sparsify(args: argparse.Namespace, options: dict, out: Path, world: Any) ->
             progress=progress,
             world=world,
         )
-        n_star = curve.effective_set_size(args.tolerance, refine=not args.no_refine)
+        n_star = curve.n_star_table(options["tolerances"], refine=not args.no_refine)
         if world is not None:  # the last collective is behind every rank: leave the group together
             world.finish()
         if not main_process:
@@ -217,13 +230,13 @@ def write_table(out: Path, name: str, table: Any) -> Path:
 def _summary(curve: Any, n_star: Any, out: Path, page: Path, tolerance: float) -> str:
     lines = [
         f"full NLL {curve.nll_full:.4f} nats over {int(curve.table.n_tokens.iloc[0])} targets",
-        f"N*  with tau = {tolerance:g}: the smallest N whose loss is at most {tolerance:.0%} above the full "
-        "model's, per ranking:",
+        "N*_tau: the smallest N whose loss is at most tau above the full model's, per ranking ('> max': none "
+        "of the sizes tried):",
     ]
     for row in n_star.itertuples():
-        star = "none" if row.n_star is None or str(row.n_star) == "<NA>" else int(row.n_star)
         lines.append(
-            f"  {row.rank_by:<13} {'renormalised' if row.renormalize else 'deletion':<12} N* = {star}  (tried {row.sizes_tried})"
+            f"  tau {row.tolerance:<5g} {row.rank_by:<13} {'renormalised' if row.renormalize else 'deletion':<12} "
+            f"N* = {row.n_star_text}  (tried {row.sizes_tried})"
         )
     lines.append(f"report   {page}")
     lines.append(f"tables   {out}/curve.parquet, n_star.parquet")

@@ -194,6 +194,27 @@ class SparsificationCurve:
         gap = n_star - (int(failing.max()) if len(failing) else 0)
         return max(0, math.ceil(math.log2(gap))) if gap > 1 else 0
 
+    def n_star_table(self, tolerances: Sequence[float] = (0.01, 0.05, 0.10), refine: bool = True) -> pd.DataFrame:
+        """``N*_tau`` at every tolerance (:meth:`effective_set_size`, refined to integers at each
+        crossing when ``refine``), with ``censored`` (no size measured passes: ``n_star`` is
+        ``<NA>``), ``n_max`` (the largest size measured) and ``n_star_text`` (``"> n_max"`` then).
+
+        Returns
+        -------
+        DataFrame ``rank_by, renormalize, tolerance, n_star, censored, n_max, n_star_text,
+        sizes_tried, n_refined``, one row per (tolerance, rank_by, renormalize).
+        """
+        items = [tolerances] if isinstance(tolerances, numbers.Real) else list(tolerances)
+        if not items:
+            raise InputError("tolerances is empty: give at least one tau, e.g. (0.01, 0.05, 0.10)")
+        frames = [self.effective_set_size(tau, refine=refine) for tau in sorted({check_tolerance(t) for t in items})]
+        out = pd.concat(frames, ignore_index=True)
+        out["n_max"] = [max(int(n) for n in tried.split(",")) for tried in out.sizes_tried]
+        out["censored"] = out.n_star.isna()
+        out["n_star_text"] = [f"> {m}" if c else str(int(n)) for n, c, m in zip(out.n_star, out.censored, out.n_max)]
+        columns = ["rank_by", "renormalize", "tolerance", "n_star", "censored", "n_max", "n_star_text"]
+        return out[[*columns, "sizes_tried", "n_refined"]]
+
     def _points(self, rank_by: str, renorm: bool) -> pd.DataFrame:
         t = self.table
         return t[(t.rank_by == rank_by) & (t.renormalize == renorm)].sort_values("n")
