@@ -317,7 +317,8 @@ def retrieval_under_competition(
         pass
     store = RetrievalStore(out_dir, identity, resume)
     device = model_device(model)
-    units = [(c, m, i) for c in condition_list for m in sizes for i in range(len(example_list))]
+    # every condition of one amount before the next amount: an interrupted run holds comparable points
+    units = [(c, m, i) for m in sizes for c in condition_list for i in range(len(example_list))]
     bar = tqdm(total=len(units), initial=len(store.done), desc="retrieval", unit="example", disable=not progress)
     for condition, m, i in units:
         if store.is_done(condition, m, i):
