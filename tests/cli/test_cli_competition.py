@@ -28,8 +28,14 @@ def test_context_writes_curves_table_and_page_and_resumes(tiny, tmp_path, capsys
     table = pd.read_parquet(out / "context.parquet")
     assert sorted(set(table.context)) == [8, 16] and (out / "context_16" / "curve.json").exists()
     assert (out / "index.html").exists() and "N* = " in capsys.readouterr().out
-    assert main([*argv, "--resume"]) == 0
+    stars = pd.read_parquet(out / "context_n_star.parquet")
+    assert len(stars) == 2 and stars.n_boot.eq(1000).all() and (stars.n_star_low <= stars.n_star_high).all()
+    assert len(pd.read_parquet(out / "context_slopes.parquet")) == 1
+    assert main([*argv, "--resume", "--absolute-tolerance", "0.2", "--bootstrap", "50"]) == 0
     assert pd.read_parquet(out / "context.parquet").equals(table)
+    stars = pd.read_parquet(out / "context_n_star.parquet")
+    assert sorted(set(stars.tolerance_kind)) == ["absolute", "relative"] and stars.n_boot.eq(50).all()
+    assert "log-log slope" in capsys.readouterr().out
 
 
 FACTS = [
@@ -123,6 +129,8 @@ def test_an_interrupted_fact_resumes_to_the_uninterrupted_tables(tiny, tmp_path,
         (["context", "--contexts", "64,128", "--targets", "64"], "--targets must be in 1..63"),
         (["context", "--contexts", "1,128"], "integer >= 2"),
         (["context", "--ns", "0"], "--ns sizes must be integers >= 1"),
+        (["context", "--bootstrap", "-1"], "--bootstrap must be an integer >= 0"),
+        (["context", "--absolute-tolerance", "nan"], "--absolute-tolerance must be a finite number"),
         (["fact", "--amounts", "-1"], "integer >= 0"),
         (["fact", "--ns", "0"], "--ns: n must be an integer >= 1"),
         (["fact", "--conditions", "noise"], "conditions must be"),

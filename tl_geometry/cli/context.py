@@ -5,7 +5,10 @@
     tl-geometry context --contexts 128,256,512 --targets 32 --n-docs 8 --skip-short --out runs/context
 
 writes into ``--out``: ``context_{L}/curve.json`` per context (every point as measured;
-``--resume`` continues from them), ``context.parquet`` (the tidy table) and ``index.html``.
+``--resume`` continues from them), ``context.parquet`` (the tidy table), ``context_n_star.parquet``
+(``N*`` with paired-document bootstrap intervals, relative and ``--absolute-tolerance``),
+``context_slopes.parquet`` (the log-log slope of ``N*`` against ``L``), ``context_windows.parquet``
+(each document's loss per point) and ``index.html``.
 Same conventions as ``tl-geometry sparsify``: progress bars, ``--resume``, ``--force``, torchrun,
 one-line errors and exit code 2.
 """
@@ -53,6 +56,24 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--tolerance", type=float, default=0.05, help="tau of N*_tau (default 0.05)")
     p.add_argument("--refine", action="store_true", help="bisect N* between the grid's sizes")
+    p.add_argument(
+        "--scoring",
+        default="final",
+        choices=("final", "all"),
+        help="loss over the last T tokens (final, default) or every token of each window (all)",
+    )
+    p.add_argument(
+        "--bootstrap",
+        type=int,
+        default=1000,
+        help="paired-document bootstrap draws of N* and the slope (default 1000; 0: none)",
+    )
+    p.add_argument(
+        "--absolute-tolerance",
+        type=float,
+        default=None,
+        help="also N* with this absolute tolerance (nats per target) in context_n_star.parquet",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random ranking (default 0)")
     p.add_argument("--batch-size", type=int, default=1, help="windows per forward pass (default 1)")
     add_out_options(p, "runs/context", "context scaling")
@@ -78,6 +99,14 @@ def _options(args: argparse.Namespace) -> dict:
     if not math.isfinite(args.tolerance):
         raise TLGeometryError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
     check_tolerance(args.tolerance)
+    if args.bootstrap < 0:
+        raise TLGeometryError(f"--bootstrap must be an integer >= 0 (draws; 0: no intervals), got {args.bootstrap}")
+    if args.absolute_tolerance is not None and (
+        not math.isfinite(args.absolute_tolerance) or args.absolute_tolerance < 0
+    ):
+        raise TLGeometryError(
+            f"--absolute-tolerance must be a finite number >= 0 (nats), got {args.absolute_tolerance}"
+        )
     flags = {"both": (False, True), "deletion": (False,), "renormalize": (True,)}[args.renormalize]
     return {
         "contexts": contexts,
@@ -85,6 +114,20 @@ def _options(args: argparse.Namespace) -> dict:
         "rank_by": check_rankings(parse_names(args.rank_by) or [""]),
         "renormalize": flags,
     }
+
+
+def bootstrap_tables(args: argparse.Namespace, windows: Any) -> tuple[Any, Any]:
+    """N* with paired-document bootstrap intervals and the log-log slopes: relative, and absolute if asked."""
+    import pandas as pd
+
+    from tl_geometry.competition.scaling import context_bootstrap
+
+    pairs = [context_bootstrap(windows, args.tolerance, n_boot=args.bootstrap, seed=args.seed)]
+    if args.absolute_tolerance is not None:
+        pairs.append(
+            context_bootstrap(windows, args.absolute_tolerance, absolute=True, n_boot=args.bootstrap, seed=args.seed)
+        )
+    return pd.concat([p[0] for p in pairs], ignore_index=True), pd.concat([p[1] for p in pairs], ignore_index=True)
 
 
 def _corpus(args: argparse.Namespace) -> Any:
@@ -120,7 +163,7 @@ def _context(args: argparse.Namespace, options: dict, out: Path, world: Any) -> 
     main_process = world is None or world.is_main
     model = load_model_and_claim(args, out, world)
     with resumable(args, out, f"the points measured are saved in {out}"):
-        table = tlg.context_scaling(
+        table, windows = tlg.context_scaling(
             model,
             corpus,
             contexts=options["contexts"],
@@ -132,6 +175,8 @@ def _context(args: argparse.Namespace, options: dict, out: Path, world: Any) -> 
             skip_short=args.skip_short,
             tolerance=args.tolerance,
             refine=args.refine,
+            scoring=args.scoring,
+            per_document=True,
             seed=args.seed,
             batch_size=args.batch_size,
             out_dir=out,
@@ -141,6 +186,10 @@ def _context(args: argparse.Namespace, options: dict, out: Path, world: Any) -> 
     if not main_process:
         return 0
     table.to_parquet(out / "context.parquet", index=False)
+    intervals, slopes = bootstrap_tables(args, windows)
+    windows.to_parquet(out / "context_windows.parquet", index=False)
+    intervals.to_parquet(out / "context_n_star.parquet", index=False)
+    slopes.to_parquet(out / "context_slopes.parquet", index=False)
     page = write_context_report(out, table, {"model": args.model, "skipped documents": table.attrs["skipped_docs"]})
     stars = table.drop_duplicates(["context", "rank_by", "renormalize"])
     for row in stars.itertuples():
@@ -149,7 +198,19 @@ def _context(args: argparse.Namespace, options: dict, out: Path, world: Any) -> 
             f"L={row.context:<6} {row.rank_by:<12} {label:<12} NLL {row.nll_full:.4f}  N* = {row.n_star_text}  "
             f"N*/L = {'> ' + format(row.n_max / row.context, '.4g') if row.censored else format(row.n_star_over_context, '.4g')}"
         )
-    print(f"report   {page}\ntable    {out / 'context.parquet'}")
+    for row in intervals.itertuples():
+        label = "renormalised" if row.renormalize else "deletion"
+        interval = "" if not args.bootstrap else f"  95 % [{row.n_star_low:g}, {row.n_star_high:g}]"
+        print(
+            f"{row.tolerance_kind:<9} tau {row.tolerance:g}  L={row.context:<6} {row.rank_by:<12} {label:<12} N* = {row.n_star_text}{interval}"
+        )
+    for row in slopes.itertuples():
+        label = "renormalised" if row.renormalize else "deletion"
+        print(
+            f"{row.tolerance_kind:<9} {row.rank_by:<12} {label:<12} log-log slope {row.slope:.3f}  "
+            f"95 % [{row.slope_low:.3f}, {row.slope_high:.3f}] ({row.n_boot_censored} draws censored)"
+        )
+    print(f"report   {page}\ntables   {out / 'context.parquet'}, context_n_star.parquet, context_slopes.parquet")
     return 0
 
 

@@ -162,13 +162,15 @@ def context_scaling(
     skip_short: bool = False,
     tolerance: float = DEFAULT_TOLERANCE,
     refine: bool = False,
+    scoring: str = "final",
+    per_document: bool = False,
     seed: int = 0,
     batch_size: int = 1,
     out_dir: str | Path | None = None,
     resume: bool = True,
     progress: bool = True,
     world: Any = None,
-) -> pd.DataFrame:
+) -> Any:
     """The loss curve and ``N*_tau`` of the same last ``T`` tokens of every document, per context length ``L``.
 
     Parameters
@@ -185,6 +187,9 @@ def context_scaling(
     skip_short : skip documents shorter than ``max(contexts) + T`` tokens (counted) instead of refusing them.
     tolerance : ``tau`` of ``N*_tau``.
     refine : bisect ``N*`` between the grid's sizes (one more pass per step).
+    scoring : ``"final"`` (the loss over the last ``T`` tokens, the same at every ``L``) or ``"all"``
+        (over every token of each window, as a plain curve would).
+    per_document : also return each document's NLL sum per point (for the paired bootstrap).
     seed : seed of ``"random"``.
     batch_size : windows per forward pass.
     out_dir : each ``L``'s curve is saved in ``out_dir/context_{L}/curve.json`` as measured and resumed from.
@@ -198,11 +203,17 @@ def context_scaling(
     Tidy DataFrame, one row per ``(context, rank_by, renormalize, n)``: the curve's columns plus
     ``tolerance``, ``n_star`` and ``n_star_over_context`` (the same on every row of one context;
     ``<NA>`` when no size passes), ``censored``, ``n_max`` and ``n_star_text`` (``"> n_max"`` then),
-    ``n_docs`` and ``targets``; ``attrs["skipped_docs"]`` counts the short documents skipped.
+    ``n_docs`` and ``targets`` (targets counted per document); ``attrs["skipped_docs"]`` counts the
+    short documents skipped. With ``per_document``, ``(table, windows)``: ``windows`` holds each
+    document's NLL sum per point (``context``, the columns of
+    :meth:`~tl_geometry.intervention.SparsificationCurve.window_table`, ``targets``), which
+    :func:`~tl_geometry.competition.scaling.context_bootstrap` resamples.
     """
     sizes_spec, rankings, flags = ns, check_rankings(rank_by), check_renormalize(renormalize)
     tau = check_tolerance(tolerance)
-    for name, flag in (("skip_short", skip_short), ("refine", refine)):
+    if scoring not in ("final", "all"):
+        raise InputError(f"scoring must be 'final' (the last T tokens) or 'all' (every token), got {scoring!r}")
+    for name, flag in (("skip_short", skip_short), ("refine", refine), ("per_document", per_document)):
         if not isinstance(flag, bool):
             raise InputError(f"{name} must be True or False, got {flag!r}")
     lengths = check_contexts(contexts)
@@ -217,7 +228,7 @@ def context_scaling(
     used = [docs[i] for i in chosen]
     for L in lengths:  # every size list checked before the first pass
         check_ns(sizes_spec, L + n_targets)
-    frames = []
+    frames, window_frames = [], []
     bar = tqdm(lengths, desc="contexts", unit="L", disable=not progress)
     for L in bar:
         bar.set_postfix(L=L)
@@ -230,11 +241,13 @@ def context_scaling(
             renormalize=flags,
             seed=seed,
             batch_size=batch_size,
-            out_dir=None if out_dir is None else Path(out_dir) / f"context_{L}",
+            out_dir=None
+            if out_dir is None
+            else Path(out_dir) / (f"context_{L}" + ("" if scoring == "final" else "_all")),
             resume=resume,
             progress=progress,
             world=world,
-            targets=n_targets,
+            targets=n_targets if scoring == "final" else None,
         )
         stars = curve.effective_set_size(tau, refine=refine)[["rank_by", "renormalize", "n_star"]]
         stars = stars.merge(censoring(curve.table, stars), on=["rank_by", "renormalize"], how="left")
@@ -243,12 +256,18 @@ def context_scaling(
         table["tolerance"] = tau
         table["n_star_over_context"] = table["n_star"].astype("Float64") / L
         table["n_docs"] = len(used)
-        table["targets"] = n_targets
+        table["targets"] = n_targets if scoring == "final" else windows.shape[1] - 1
         frames.append(table)
+        per_window = curve.window_table()
+        per_window.insert(0, "context", L)
+        per_window["targets"] = int(table["targets"].iloc[0])
+        window_frames.append(per_window)
     bar.close()
     out = pd.concat(frames, ignore_index=True)[CONTEXT_COLUMNS]
     out = out.sort_values(["context", "rank_by", "renormalize", "n"], kind="stable", ignore_index=True)
     out.attrs["skipped_docs"] = skipped
+    if per_document:
+        return out, pd.concat(window_frames, ignore_index=True)
     return out
 
 

@@ -122,6 +122,19 @@ class SparsificationCurve:
     config: dict
     _measure: Callable[[str, bool, int], dict] | None = field(default=None, repr=False)
     _progress: bool = field(default=False, repr=False)
+    _window_totals: dict = field(default_factory=dict, repr=False)
+
+    def window_table(self) -> pd.DataFrame:
+        """Each window's float64 NLL sum at every point measured, tidy: ``rank_by, renormalize, n,
+        window, total``; the full model as ``rank_by="full"``, ``n`` = the window length (every key
+        kept). Empty for points saved by a version that did not keep them. The paired bootstrap of
+        context scaling resamples these."""
+        rows = [
+            {"rank_by": r, "renormalize": f, "n": n, "window": w, "total": t}
+            for (r, f, n), totals in self._window_totals.items()
+            for w, t in enumerate(totals)
+        ]
+        return pd.DataFrame(rows, columns=["rank_by", "renormalize", "n", "window", "total"])
 
     def effective_set_size(self, tolerance: float = DEFAULT_TOLERANCE, refine: bool = True) -> pd.DataFrame:
         """Measure ``N*_tau`` per (rank_by, renormalize): the smallest size with ``delta_nll_rel <= tau``.
@@ -355,9 +368,12 @@ def sparsification_curve(
             pass
         if store.full is None:
             full = corpus_nll(model, tokens, batch_size, progress, desc="full model", **shard)
-            store.full = {"total": full.total, "n_tokens": full.n_tokens}
+            store.full = {"total": full.total, "n_tokens": full.n_tokens, "window_totals": list(full.window_totals)}
             store.save()
-        full = LossSum(**store.full)
+        full = LossSum(**{**store.full, "window_totals": tuple(store.full.get("window_totals", ()))})
+        window_totals: dict[tuple[str, bool, int], tuple[float, ...]] = {}
+        if full.window_totals:
+            window_totals[("full", False, seq_len)] = full.window_totals
 
         grid = [(r, f, n) for r in rankings for f in flags for n in sizes]
         todo = sum(1 for r, f, n in grid if n < seq_len and store.lookup(r, f, n) is None)
@@ -367,6 +383,8 @@ def sparsification_curve(
         def measure(rank_by: str, renorm: bool, n: int, stage: str = "refine") -> dict:
             row = store.lookup(rank_by, renorm, n)
             if row is not None:
+                if row.get("window_totals"):
+                    window_totals[(rank_by, renorm, n)] = tuple(row["window_totals"])
                 return {**row, "stage": stage if row.get("stage") is None else row["stage"]}
             if n >= seq_len:
                 loss = full
@@ -393,7 +411,10 @@ def sparsification_curve(
                 "delta_nll_rel": (loss.nll - full.nll) / full.nll,
                 "n_tokens": loss.n_tokens,
                 "stage": stage,
+                "window_totals": list(loss.window_totals),
             }
+            if loss.window_totals:
+                window_totals[(rank_by, renorm, n)] = loss.window_totals
             store.rows.append(row)
             with locked():  # a size measured after this call returned (refinement) is saved under the lock too
                 store.save()
@@ -405,7 +426,14 @@ def sparsification_curve(
             passes.close()
     table = pd.DataFrame(rows, columns=CURVE_COLUMNS)
     config = {**identity, "ns": sizes, "rank_by": list(rankings), "renormalize": list(flags), "batch_size": batch_size}
-    return SparsificationCurve(table=table, nll_full=full.nll, config=config, _measure=measure, _progress=progress)
+    return SparsificationCurve(
+        table=table,
+        nll_full=full.nll,
+        config=config,
+        _measure=measure,
+        _progress=progress,
+        _window_totals=window_totals,
+    )
 
 
 def load_curve(
@@ -423,7 +451,7 @@ def load_curve(
             f"{path} holds no full-model loss yet: run sparsification_curve again with this out_dir to resume"
         )
     table = pd.DataFrame(data["rows"], columns=CURVE_COLUMNS)
-    full = LossSum(**data["full"])
+    full = LossSum(data["full"]["total"], data["full"]["n_tokens"])
     measure = None
     if model is not None:
         if corpus is None:

@@ -29,6 +29,8 @@ class LossSum:
 
     total: float
     n_tokens: int
+    #: each window's float64 sum, in window order (empty for a loss saved by an older version)
+    window_totals: tuple[float, ...] = ()
 
     @property
     def nll(self) -> float:
@@ -161,7 +163,11 @@ def corpus_nll(
         total += torch.tensor(
             [sums[i] for i in range(start, min(start + batch_size, n_windows))], dtype=torch.float64
         ).sum()
-    return LossSum(total=float(total), n_tokens=int(n_windows * n_targets))
+    return LossSum(
+        total=float(total),
+        n_tokens=int(n_windows * n_targets),
+        window_totals=tuple(float(sums[i]) for i in range(n_windows)),
+    )
 
 
 __all__ = ["LossSum", "check_forward_memory", "check_targets", "check_windows", "corpus_nll", "window_nll"]
