@@ -85,12 +85,12 @@ def test_support_measures_equal_a_loop_over_hook_pattern(pair, result) -> None:
             order = sorted(range(q + 1), key=lambda j: (-weights[j], j))
             rank = {key: r + 1 for r, key in enumerate(order)}
             others = [j for j in range(q + 1) if j not in support]
-            outranked = [sum(rank[j] < rank[s] for j in others) for s in support]
+            outranked = [sum(weights[j] >= weights[s] for j in others) for s in support]
             assert row.mass == pytest.approx(sum(weights[s] for s in support), abs=1e-6)
-            assert row.rank_displacement == pytest.approx(sum(outranked) / len(support), abs=1e-12)
+            assert row.rank_displacement == min(rank[s] for s in support)
             assert row.recall_at_top == pytest.approx(sum(rank[s] <= 5 for s in support) / len(support), abs=1e-12)
             assert row.pairwise_outrank == pytest.approx(sum(outranked) / (len(support) * len(others)), abs=1e-12)
-            assert row.best_rank == min(rank[s] for s in support)
+            assert row.mean_outranked == pytest.approx(sum(outranked) / len(support), abs=1e-12)
             assert row.n_keys == q + 1 and row.n_support == len(support)
 
 
@@ -100,12 +100,14 @@ def test_support_measures_with_ties_equal_the_pairwise_loop(values, data) -> Non
     support = sorted(data.draw(st.permutations(range(len(values))))[:n_support])
     row = torch.tensor(values, dtype=torch.float64)
     got = support_measures(row, torch.tensor(support), top=3)
-    above = [sum(j not in support and (values[j] > values[s] or (values[j] == values[s] and j < s))
-                 for j in range(len(values))) for s in support]  # fmt: skip
-    others = len(values) - n_support
-    assert float(got["rank_displacement"]) == pytest.approx(np.mean(above), abs=1e-12)
+    others = [j for j in range(len(values)) if j not in support]
+    outranked = [sum(values[j] >= values[s] for j in others) for s in support]  # ties count as outranking
+    rank = {k: r + 1 for r, k in enumerate(sorted(range(len(values)), key=lambda j: (-values[j], j)))}
+    assert float(got["rank_displacement"]) == min(rank[s] for s in support)
+    assert float(got["recall_at_top"]) == pytest.approx(sum(rank[s] <= 3 for s in support) / n_support, abs=1e-12)
+    assert float(got["mean_outranked"]) == pytest.approx(np.mean(outranked), abs=1e-12)
     if others:
-        assert float(got["pairwise_outrank"]) == pytest.approx(sum(above) / (n_support * others), abs=1e-12)
+        assert float(got["pairwise_outrank"]) == pytest.approx(sum(outranked) / (n_support * len(others)), abs=1e-12)
     else:
         assert math.isnan(float(got["pairwise_outrank"]))
 

@@ -60,6 +60,8 @@ DEFAULT_NS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEFAULT_TOLERANCE = 0.10
 DEFAULT_TOP = 64
 PROGRESS_FILE = "retrieval.json"
+#: Bumped when a measure's definition changes: a saved run of another version is not resumed into this one.
+MEASURES_VERSION = 1
 HEAD_COLUMNS = [
     "condition",
     "amount",
@@ -70,7 +72,7 @@ HEAD_COLUMNS = [
     "rank_displacement",
     "recall_at_top",
     "pairwise_outrank",
-    "best_rank",
+    "mean_outranked",
     "n_support",
     "n_keys",
     "top",
@@ -155,6 +157,7 @@ def retrieval_settings(
 ) -> dict[str, Any]:
     """The settings part of a run's identity (what needs no model), as JSON reads it back."""
     return {
+        "measures version": MEASURES_VERSION,
         "examples": examples_sha256(examples),
         "n_examples": len(examples),
         "conditions": list(conditions),

@@ -4,12 +4,13 @@ With ``alpha`` one query's attention row over its ``K`` visible keys, ``S`` the 
 ``rank(i) = 1 + #{j: alpha_j > alpha_i} + #{j < i: alpha_j = alpha_i}`` (1 = highest weight)::
 
     mass               = sum_{i in S} alpha_i
-    rank_displacement  = mean_{i in S} #{j not in S: rank(j) < rank(i)}
+    rank_displacement  = min_{i in S} rank(i)                     (the best support key's rank)
     recall_at_top      = #{i in S: rank(i) <= top} / |S|
-    pairwise_outrank   = sum_{i in S} #{j not in S: rank(j) < rank(i)} / (|S| (K - |S|))
+    pairwise_outrank   = #{(i, j): i in S, j not in S, alpha_j >= alpha_i} / (|S| (K - |S|))
+    mean_outranked     = mean_{i in S} #{j not in S: alpha_j >= alpha_i}
 
-(``pairwise_outrank`` is the probability that a uniformly drawn non-support key outranks a
-uniformly drawn support key; NaN when every key is support). Candidates are scored by the logit
+(``pairwise_outrank`` is the share of (support, non-support) pairs where the non-support key
+weighs at least as much; NaN when every key is support). Candidates are scored by the logit
 of their first token: ``answer_loss = -log softmax(candidate logits)[answer]``; ``correct`` when
 the answer's logit is above every other candidate's. Accuracy intervals are Wilson's.
 Derivations: docs/definitions.md §9; protocol: docs/competition.md.
@@ -29,23 +30,29 @@ from tl_geometry.errors import InputError
 
 
 def support_measures(row: Float[Tensor, "*units key"], support: Tensor, top: int) -> dict[str, Float[Tensor, "*units"]]:
-    """``mass``, ``rank_displacement``, ``recall_at_top``, ``pairwise_outrank`` and ``best_rank`` of the
-    support keys (indices ``support`` into the last axis) in every row of ``row`` (float64)."""
+    """``mass``, ``rank_displacement``, ``recall_at_top``, ``pairwise_outrank`` and ``mean_outranked``
+    of the support keys (indices ``support`` into the last axis) in every row of ``row`` (float64)."""
     n_keys, n_support = row.shape[-1], int(support.numel())
     if n_support == 0 or n_support > n_keys:
         raise InputError(f"the support must hold 1..{n_keys} keys, got {n_support}")
-    order = torch.argsort(-row.to(torch.float64), dim=-1, stable=True)  # ties to the lower key index
+    weights = row.to(torch.float64)
+    order = torch.argsort(-weights, dim=-1, stable=True)  # ties to the lower key index
     ranks = torch.empty_like(order).scatter_(-1, order, torch.arange(1, n_keys + 1).expand_as(order).clone())
-    support_ranks = torch.sort(ranks[..., support], dim=-1).values.to(torch.float64)  # ascending
-    # the k-th best support key (k = 1..|S|) has k - 1 support keys above it: the rest are not support
-    above = support_ranks - torch.arange(1, n_support + 1, dtype=torch.float64)
-    others = n_keys - n_support
+    support_ranks = ranks[..., support].to(torch.float64)
+    others = torch.ones(n_keys, dtype=torch.bool)
+    others[support] = False
+    # [*units, |S|, K]: non-support key j weighs at least as much as support key i
+    at_least = (weights[..., None, :] >= weights[..., support, None]) & others
+    outranked = at_least.sum(-1).to(torch.float64)
+    n_others = n_keys - n_support
     return {
-        "mass": row[..., support].to(torch.float64).sum(-1),
-        "rank_displacement": above.mean(-1),
+        "mass": weights[..., support].sum(-1),
+        "rank_displacement": support_ranks.min(-1).values,
         "recall_at_top": (support_ranks <= top).to(torch.float64).mean(-1),
-        "pairwise_outrank": above.sum(-1) / (n_support * others) if others else torch.full_like(above[..., 0], np.nan),
-        "best_rank": support_ranks[..., 0],
+        "pairwise_outrank": outranked.sum(-1) / (n_support * n_others)
+        if n_others
+        else torch.full_like(outranked[..., 0], np.nan),
+        "mean_outranked": outranked.mean(-1),
     }
 
 
@@ -131,7 +138,7 @@ def retrieval_n_star(summary: pd.DataFrame, tolerance: float) -> pd.DataFrame:
 
 def support_summary(heads: pd.DataFrame) -> pd.DataFrame:
     """Per ``(condition, amount)``: the support measures' means over examples, layers and heads."""
-    measures = ["mass", "rank_displacement", "recall_at_top", "pairwise_outrank", "best_rank", "n_keys"]
+    measures = ["mass", "rank_displacement", "recall_at_top", "pairwise_outrank", "mean_outranked", "n_keys"]
     out = heads.groupby(["condition", "amount"], sort=True)[measures].mean().reset_index()
     out.insert(2, "n_examples", heads.groupby(["condition", "amount"], sort=True).example_id.nunique().values)
     return out
