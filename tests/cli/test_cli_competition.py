@@ -88,7 +88,7 @@ def test_fact_resume_refuses_other_settings_before_the_model_loads(tiny, tmp_pat
         (["--model", "gpt2-xl"], "model option (gpt2-xl vs smollm2-135m)"),
         (["--amounts", "0,8"], "amounts ([0, 8] vs [0, 16])"),
         (["--tolerance", "0.5"], "tolerance (0.5 vs 0.1)"),
-        (["--rank-by", "random"], "rank_by (random vs attention)"),
+        (["--rank-by", "random"], "rank_by (['random'] vs ['attention'])"),
     ]:
         argv = fact_argv(tmp_path, "--resume")
         if extra[0] == "--amounts":

@@ -48,7 +48,14 @@ def pair():
 @pytest.fixture(scope="module")
 def result(pair):
     return retrieval_under_competition(
-        pair[1], examples(), background=BACKGROUND, amounts=AMOUNTS, ns=NS, top=5, progress=False
+        pair[1],
+        examples(),
+        background=BACKGROUND,
+        amounts=AMOUNTS,
+        ns=NS,
+        top=5,
+        progress=False,
+        rank_by=("attention", "sink_window"),
     )
 
 
@@ -120,7 +127,7 @@ def test_answer_loss_equals_the_restriction_written_by_hand_on_transformers(pair
         tokens, _ = hand_sequence(model, example, row.condition, row.amount)
         with torch.inference_mode():
             full = hand_candidates(plain(tokens).logits[0, -1].double(), example, model)
-            with hf_top_n(row.n):
+            with hf_top_n(row.n, rank_by=row.rank_by):
                 restricted = hand_candidates(plain(tokens).logits[0, -1].double(), example, model)
         assert row.answer_loss_full == pytest.approx(full[0], abs=1e-4) and row.correct_full == full[1]
         assert row.answer_loss == pytest.approx(restricted[0], abs=1e-4) and row.correct == restricted[1]
@@ -149,11 +156,12 @@ def test_wilson_interval_equals_the_formula(k, n) -> None:
 
 def test_n_star_is_the_smallest_passing_size_and_a_censored_one_stays(result) -> None:
     summary = result.summary()
-    assert summary.groupby(["condition", "amount"]).size().eq(len(NS)).all()
+    assert summary.groupby(["condition", "amount", "rank_by"]).size().eq(len(NS)).all()
     stars = result.n_star(tolerance=0.10)
-    assert len(stars) == 2 * len(AMOUNTS)  # every (condition, amount), censored or not
+    assert len(stars) == 2 * len(AMOUNTS) * 2  # every (condition, amount, ranking), censored or not
     for row in stars.itertuples():
-        points = summary[(summary.condition == row.condition) & (summary.amount == row.amount)].sort_values("n")
+        here = (summary.condition == row.condition) & (summary.amount == row.amount) & (summary.rank_by == row.rank_by)
+        points = summary[here].sort_values("n")
         passing = points[points.delta_loss <= 0.10].n
         if len(passing):
             assert row.n_star == passing.min() and not row.censored and row.n_star_text == str(row.n_star)

@@ -52,7 +52,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--ns", default="1,2,4,8,16,32,64,128,256", help="sizes N of the top-N restriction (default %(default)s)"
     )
-    p.add_argument("--rank-by", default="attention", help="ranking of the restriction (default attention)")
+    p.add_argument(
+        "--rank-by",
+        default="attention",
+        help="rankings of the restriction, comma list (default attention; sink_window: the positional control)",
+    )
     p.add_argument("--renormalize", action="store_true", help="renormalise the kept weights")
     p.add_argument("--tolerance", type=float, default=0.10, help="N*'s tolerance in nats (default 0.10)")
     p.add_argument("--top", type=int, default=64, help="cut-off of the support recall (default 64)")
@@ -65,7 +69,8 @@ def _options(args: argparse.Namespace) -> dict:
     from tl_geometry.competition.babi import babi_examples, read_examples
     from tl_geometry.competition.fact import check_amounts
     from tl_geometry.competition.retrieval import check_conditions, check_top, retrieval_settings
-    from tl_geometry.core.rankings import check_rank_by, check_seed
+    from tl_geometry.core.ranking_checks import check_rankings
+    from tl_geometry.core.rankings import check_seed
     from tl_geometry.intervention.context import check_n
     from tl_geometry.intervention.curve import check_tolerance
 
@@ -77,7 +82,7 @@ def _options(args: argparse.Namespace) -> dict:
         ns = sorted({check_n(n) for n in ns})
     except TLGeometryError as exc:
         raise TLGeometryError(f"--ns: {exc}") from None
-    rank_by = check_rank_by(args.rank_by)
+    rank_by = check_rankings(parse_names(args.rank_by) or [""])
     conditions = check_conditions(parse_names(args.conditions))
     for option, check, value in (
         ("--tolerance", check_tolerance, args.tolerance),

@@ -45,7 +45,8 @@ from tl_geometry.competition.support import (
     support_measures,
     support_summary,
 )
-from tl_geometry.core.rankings import check_rank_by, check_seed
+from tl_geometry.core.ranking_checks import check_rankings
+from tl_geometry.core.rankings import check_seed
 from tl_geometry.corpus import encode_text
 from tl_geometry.errors import InputError
 from tl_geometry.intervention.context import check_n, top_n_attention
@@ -149,7 +150,7 @@ def retrieval_settings(
     conditions: Sequence[str],
     amounts: Sequence[int],
     ns: Sequence[int],
-    rank_by: str,
+    rank_by: Sequence[str],
     renormalize: bool,
     tolerance: float,
     top: int,
@@ -163,7 +164,7 @@ def retrieval_settings(
         "conditions": list(conditions),
         "amounts": list(amounts),
         "ns": list(ns),
-        "rank_by": rank_by,
+        "rank_by": list(rank_by),
         "renormalize": renormalize,
         "tolerance": tolerance,
         "top": top,
@@ -227,7 +228,7 @@ def retrieval_under_competition(
     background: Any = None,
     amounts: Sequence[int] = DEFAULT_AMOUNTS,
     ns: Sequence[int] = DEFAULT_NS,
-    rank_by: str = "attention",
+    rank_by: str | Sequence[str] = "attention",
     renormalize: bool = False,
     tolerance: float = DEFAULT_TOLERANCE,
     top: int = DEFAULT_TOP,
@@ -249,7 +250,9 @@ def retrieval_under_competition(
     background : the neutral background: None (the Python-docs corpus), a string, strings, a corpus or token ids.
     amounts : background sizes ``m`` (tokens), nested: ``G_m`` is a prefix of ``G_m'``.
     ns : sizes ``N`` of the top-``N`` restriction (a size at least the sequence length equals full attention).
-    rank_by, renormalize, seed : the restriction (definitions §7, §8).
+    rank_by : one ranking or several (definitions §7); ``"sink_window"`` (the sink and the ``N - 1``
+        most recent keys) is the follow-up's positional control.
+    renormalize, seed : the restriction (definitions §8).
     tolerance : ``N*``'s tolerance on the mean answer-loss increase, in nats.
     top : the cut-off of ``recall_at_top``.
     out_dir : tables and progress are saved there as measured, and resumed from.
@@ -263,7 +266,7 @@ def retrieval_under_competition(
     n_list = sorted({check_n(n) for n in ([ns] if isinstance(ns, numbers.Integral) else list(ns))})
     if not n_list:
         raise InputError("ns is empty: give at least one size N")
-    rank_by = check_rank_by(rank_by)
+    rankings = check_rankings(rank_by)
     if not isinstance(renormalize, bool):
         raise InputError(f"renormalize must be True or False, got {renormalize!r}")
     tau, top, seed = check_tolerance(tolerance), check_top(top), check_seed(seed)
@@ -306,7 +309,7 @@ def retrieval_under_competition(
     vocab = int(getattr(model.cfg, "d_vocab", 0) or 0)
     if vocab and any(t >= vocab for filler in fillers.values() for t in filler):
         raise InputError(f"a background token id is outside the model's vocabulary of {vocab}")
-    settings = retrieval_settings(example_list, condition_list, sizes, n_list, rank_by, renormalize, tau, top, seed)
+    settings = retrieval_settings(example_list, condition_list, sizes, n_list, rankings, renormalize, tau, top, seed)
     digest = hashlib.sha256(json.dumps(sorted((f"{c}/{i}", t) for (c, i), t in fillers.items())).encode())
     identity = {
         "model": info.name,
@@ -316,7 +319,9 @@ def retrieval_under_competition(
         **dict(notes or {}),
     }
     identity = json.loads(json.dumps(identity, default=str))
-    with top_n_attention(model, n=1, rank_by=rank_by):  # refuses a model that ignores pattern edits, before any pass
+    with top_n_attention(
+        model, n=1, rank_by=rankings[0]
+    ):  # refuses a model that ignores pattern edits, before any pass
         pass
     store = RetrievalStore(out_dir, identity, resume)
     device = model_device(model)
@@ -355,7 +360,7 @@ def retrieval_under_competition(
                             "top": top,
                         }
                     )
-            for n in n_list:
+            for rank_by, n in ((r, n) for r in rankings for n in n_list):
                 if n >= len(ids):  # every query keeps all its keys
                     loss, correct = loss_full, correct_full
                 else:
@@ -394,7 +399,7 @@ def retrieval_under_competition(
         ignore_index=True,
     )
     answers = answers.sort_values(
-        ["condition", "amount", "example_id", "n"],
+        ["condition", "amount", "example_id", "rank_by", "n"],
         key=lambda s: s.map(order) if s.name == "condition" else s,
         ignore_index=True,
     )
