@@ -59,6 +59,9 @@ def test_sparsify_tolerances_give_n_star_at_each_with_censored_ones_kept(tmp_pat
     printed = capsys.readouterr().out
     assert "<NA>" not in printed and printed.count("N* = ") == 16
     assert main([*argv[:-4], "--tolerances", "0.01,x", "--out", str(tmp_path / "other")]) == 2
+    assert main([*argv, "--force", "--sensitivity"]) == 0
+    sensitivity = pd.read_parquet(out / "sensitivity.parquet")
+    assert sensitivity.n.tolist() == [1, 4] and (sensitivity.sensitivity > 0).all()
 
 
 def test_an_out_of_csv_tables_resumes_into_parquet_and_report_names_the_fix(tmp_path, tiny, capsys) -> None:

@@ -78,6 +78,11 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="more tau's of N*, comma list (e.g. 0.01,0.05,0.10): n_star.parquet holds N* at each, censored kept",
     )
+    p.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="also the gradient-sensitivity predictor S(N) at the curve's sizes (sensitivity.parquet)",
+    )
     p.add_argument("--no-refine", action="store_true", help="N* over the grid only (no bisection passes)")
     p.add_argument(
         "--local-unit",
@@ -180,6 +185,12 @@ def _sparsify(args: argparse.Namespace, options: dict, out: Path, world: Any) ->
             return 0
     write_table(out, "curve", curve.table)
     write_table(out, "n_star", n_star)
+    if args.sensitivity:
+        from tl_geometry.intervention.sensitivity import gradient_sensitivity
+
+        grid = sorted(int(n) for n in set(curve.table.n))
+        sensitivity = gradient_sensitivity(model, corpus, ns=grid, batch_size=args.batch_size, progress=progress)
+        write_table(out, "sensitivity", sensitivity)
     local = correlations = result = None
     if args.local != "none":
         local = tlg.localized_loss(
