@@ -45,10 +45,8 @@ def parse_ints(text: str, option: str, words: tuple[str, ...]) -> str | list[int
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        choices = ", ".join(repr(w) for w in words)
-        raise TLGeometryError(
-            f"{option} must be {choices} or a comma-separated list of integers, got {text!r}"
-        ) from None
+        choices = ", ".join(repr(w) for w in words) + " or " if words else ""
+        raise TLGeometryError(f"{option} must be {choices}a comma-separated list of integers, got {text!r}") from None
 
 
 def parse_names(text: str) -> list[str]:

@@ -16,6 +16,7 @@ objects ``{"fact", "question", "answer"}`` with optional ``"candidates"`` and ``
 from __future__ import annotations
 
 import argparse
+import math
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -72,9 +73,16 @@ def _options(args: argparse.Namespace) -> dict:
     from tl_geometry.core.ranking_checks import check_rankings
     from tl_geometry.core.rankings import check_seed
     from tl_geometry.intervention.context import check_n
-    from tl_geometry.intervention.curve import check_tolerance
 
-    amounts = check_amounts(parse_ints(args.amounts, "--amounts", ()))
+    amounts_given = parse_ints(args.amounts, "--amounts", ())
+    try:
+        amounts = check_amounts(amounts_given)
+    except TLGeometryError as exc:
+        raise TLGeometryError(f"--amounts: {exc}") from None
+    if args.seed < 0:
+        raise TLGeometryError(f"--seed must be an integer >= 0, got {args.seed}")
+    if not math.isfinite(args.tolerance) or args.tolerance < 0:
+        raise TLGeometryError(f"--tolerance must be a finite number of nats >= 0 (e.g. 0.10), got {args.tolerance}")
     ns = parse_ints(args.ns, "--ns", ())
     if not ns:
         raise TLGeometryError("--ns is empty: give at least one size N, e.g. --ns 8,16,32")
@@ -85,7 +93,6 @@ def _options(args: argparse.Namespace) -> dict:
     rank_by = check_rankings(parse_names(args.rank_by) or [""])
     conditions = check_conditions(parse_names(args.conditions))
     for option, check, value in (
-        ("--tolerance", check_tolerance, args.tolerance),
         ("--top", check_top, args.top),
         ("--seed", check_seed, args.seed),
     ):
