@@ -73,7 +73,9 @@ def _options(args: argparse.Namespace) -> dict:
     from tl_geometry.core.ranking_checks import check_rankings
     from tl_geometry.core.rankings import check_seed
     from tl_geometry.intervention.context import check_n
+    from tl_geometry.models import check_model_name
 
+    check_model_name(args.model)  # a path that does not exist, before anything else
     amounts_given = parse_ints(args.amounts, "--amounts", ())
     try:
         amounts = check_amounts(amounts_given)
