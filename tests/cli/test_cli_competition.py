@@ -31,8 +31,9 @@ def test_context_writes_curves_table_and_page_and_resumes(tiny, tmp_path, capsys
     stars = pd.read_parquet(out / "context_n_star.parquet")
     assert len(stars) == 2 and stars.n_boot.eq(1000).all() and (stars.n_star_low <= stars.n_star_high).all()
     assert len(pd.read_parquet(out / "context_slopes.parquet")) == 1
-    assert main([*argv, "--resume", "--absolute-tolerance", "0.2", "--bootstrap", "50"]) == 0
+    assert main([*argv, "--resume"]) == 0
     assert pd.read_parquet(out / "context.parquet").equals(table)
+    assert main([*argv, "--force", "--absolute-tolerance", "0.2", "--bootstrap", "50"]) == 0
     stars = pd.read_parquet(out / "context_n_star.parquet")
     assert sorted(set(stars.tolerance_kind)) == ["absolute", "relative"] and stars.n_boot.eq(50).all()
     assert "log-log slope" in capsys.readouterr().out
@@ -85,10 +86,10 @@ def test_fact_resume_refuses_other_settings_before_the_model_loads(tiny, tmp_pat
     capsys.readouterr()
     monkeypatch.setattr(tlg, "load_model", lambda *a, **k: pytest.fail("the model must not be loaded"))
     for extra, message in [
-        (["--model", "gpt2-xl"], "model option (gpt2-xl vs smollm2-135m)"),
-        (["--amounts", "0,8"], "amounts ([0, 8] vs [0, 16])"),
-        (["--tolerance", "0.5"], "tolerance (0.5 vs 0.1)"),
-        (["--rank-by", "random"], "rank_by (['random'] vs ['attention'])"),
+        (["--model", "gpt2-xl"], "gpt2-xl vs smollm2-135m"),
+        (["--amounts", "0,8"], "--amounts (0,8 vs 0,16)"),
+        (["--tolerance", "0.5"], "0.5 vs 0.1"),
+        (["--rank-by", "random"], "random vs attention"),
     ]:
         argv = fact_argv(tmp_path, "--resume")
         if extra[0] == "--amounts":

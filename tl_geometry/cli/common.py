@@ -407,6 +407,7 @@ WRITTEN_FILES = tuple(
         "result.json",
         CHECKSUMS_FILE,
         "curve.json",
+        *(f"context_*/{name}" for name in ("curve.json", LOCK_FILE, HOLDER_FILE)),  # context: a curve per length
         "retrieval.json",
         "tokens.npy",
         *(
@@ -418,8 +419,9 @@ WRITTEN_FILES = tuple(
     for name in (pattern, f"{pattern}.tmp")
 )
 #: The folders of :data:`WRITTEN_FILES`.
-WRITTEN_DIRS = tuple(
-    f"{store}{sub}" for store in ("progress", "progress/shard-*") for sub in ("", "/separability", "/state")
+WRITTEN_DIRS = (
+    *(f"{store}{sub}" for store in ("progress", "progress/shard-*") for sub in ("", "/separability", "/state")),
+    "context_*",
 )
 
 
