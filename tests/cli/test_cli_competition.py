@@ -39,6 +39,15 @@ def test_context_writes_curves_table_and_page_and_resumes(tiny, tmp_path, capsys
     assert "log-log slope" in capsys.readouterr().out
 
 
+def test_context_reads_a_corpus_file_whose_name_holds_a_comma(tiny, tmp_path) -> None:
+    doc = tmp_path / "notes, part 1.txt"
+    doc.write_text("the quick brown fox jumps over the lazy dog; " * 3)
+    argv = ["context", "--corpus", str(doc), "--n-docs", "1", "--contexts", "8,16", "--targets", "4", "--ns", "2",
+            "--renormalize", "deletion", "--bootstrap", "0", "--no-progress", "--out", str(tmp_path / "ctx")]  # fmt: skip
+    assert main(argv) == 0
+    assert sorted(set(pd.read_parquet(tmp_path / "ctx" / "context.parquet").context)) == [8, 16]
+
+
 FACTS = [
     {"fact": "Bo moved to the den.", "question": "Where is Bo? In the ", "answer": "den"},
     {"fact": "Al moved to the hall.", "question": "Where is Al? In the ", "answer": "hall",
@@ -132,6 +141,7 @@ def test_an_interrupted_fact_resumes_to_the_uninterrupted_tables(tiny, tmp_path,
         (["context", "--ns", "0"], "--ns sizes must be integers >= 1"),
         (["context", "--bootstrap", "-1"], "--bootstrap must be an integer >= 0"),
         (["context", "--absolute-tolerance", "nan"], "--absolute-tolerance must be a finite number"),
+        (["context", "--contexts", "128,100000"], "--contexts 100000 is longer than the context of smollm2-135m"),
         (["fact", "--amounts", "-1"], "integer >= 0"),
         (["fact", "--ns", "0"], "--ns: n must be an integer >= 1"),
         (["fact", "--conditions", "noise"], "conditions must be"),

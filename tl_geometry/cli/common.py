@@ -54,6 +54,11 @@ def parse_names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
+def parse_paths(text: str) -> list[str]:
+    """The files ``text`` names: one existing file, even if its name holds a comma, or a comma list."""
+    return [text] if Path(text).is_file() else parse_names(text)
+
+
 # ----------------------------------------------------------------------------- the windows
 
 

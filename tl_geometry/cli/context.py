@@ -22,11 +22,13 @@ from typing import Any
 
 from tl_geometry.cli.common import (
     add_out_options,
+    check_context_length,
     check_out,
     load_model_and_claim,
     out_path,
     parse_ints,
     parse_names,
+    parse_paths,
     resumable,
     run_locked,
 )
@@ -87,6 +89,7 @@ def _options(args: argparse.Namespace) -> dict:
     from tl_geometry.intervention.curve import check_tolerance
 
     contexts = check_contexts(parse_ints(args.contexts, "--contexts", ()))
+    check_context_length(args.model, max(contexts), "--contexts")
     if args.targets < 1 or args.targets >= contexts[0]:
         raise TLGeometryError(
             f"--targets must be in 1..{contexts[0] - 1} (below the shortest context), got {args.targets}"
@@ -135,7 +138,7 @@ def _corpus(args: argparse.Namespace) -> Any:
 
     if args.corpus == "python-docs":
         return corpus.python_docs(n_seqs=None)
-    return corpus.from_files(parse_names(args.corpus))
+    return corpus.from_files(parse_paths(args.corpus))
 
 
 def context_command(args: argparse.Namespace) -> int:
