@@ -6,12 +6,16 @@ patched): the work is small, and no cell has a wall-clock limit that a busy mach
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "demos" / "tour.ipynb"
+
+#: A warning as Python prints it: ``file.py:21: TqdmWarning: IProgress not found...``.
+WARNING = re.compile(r"\b\w*Warning\b: ")
 
 
 def test_the_tour_is_small_as_written() -> None:
@@ -29,6 +33,10 @@ def test_demo_notebook_executes(monkeypatch) -> None:
     ).execute()
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
+    # no warning printed in any cell (tqdm.auto's "TqdmWarning: IProgress not found" without ipywidgets,
+    # a UserWarning of the package's own)
+    warned = [o.text for o in outputs if o.output_type == "stream" and WARNING.search(o.text)]
+    assert warned == [], f"the tour printed warnings: {warned}"
     # the patching study produced one row per regime present, and plotly figures were displayed
     text = "\n".join(str(o.get("data", {}).get("text/plain", "")) for o in outputs)
     assert "effect" in text
