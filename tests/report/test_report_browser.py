@@ -240,7 +240,17 @@ STATE_JS = """(() => {
   });
   const doc = document.documentElement;
   return {
-    figures: figs.map(d => ({id: d.id, svg: d.querySelectorAll('.main-svg').length})),
+    figures: figs.map(d => {
+      // what a reader cannot see: a legend or title outside the drawn figure, a figure taller than its box
+      const svg = d.querySelector('.main-svg'), box = d.closest('.tlg-figure').getBoundingClientRect();
+      const s = svg ? svg.getBoundingClientRect() : null;
+      const out = (e) => { const r = e.getBoundingClientRect();
+        return r.width > 0 && (r.left < s.left - 1 || r.right > s.right + 1 || r.top < s.top - 1 || r.bottom > s.bottom + 1); };
+      return {id: d.id, svg: d.querySelectorAll('.main-svg').length, layout: d.dataset.tlgLayout || '',
+              legends: d.querySelectorAll('.legend').length,
+              cut: s ? [...d.querySelectorAll('.legend, .gtitle')].filter(out).map(e => e.getAttribute('class'))
+                       .concat(s.bottom > box.bottom + 1 ? ['figure taller than its box'] : []) : []};
+    }),
     gridFound: !!grid,
     // elements React rendered into the mount point (circuitsvis' own <script> may sit inside it)
     gridChildren: grid ? [...grid.children].filter(c => c.tagName !== 'SCRIPT').length : 0,
@@ -278,7 +288,7 @@ def until(condition_js: str, bound_s: float) -> str:
 }})"""
 
 
-RENDERED = "s.figures.every(f => f.svg > 0) && s.gridCanvases > 0 && s.tilesDrawn"
+RENDERED = "s.figures.every(f => f.svg > 0 && f.layout) && s.gridCanvases > 0 && s.tilesDrawn"
 
 
 def problems_in(events: list[dict]) -> tuple[list[str], list[str]]:
@@ -406,6 +416,12 @@ def test_report_renders_offline_in_chromium(llama_bridge, tmp_path, capsys) -> N
         assert state["plotly"] == "object"
         assert len(state["figures"]) == len(figures) >= 3
         assert [f["id"] for f in state["figures"] if f["svg"] == 0] == [], "plotly figures that did not render"
+        # the narrow layout below 640 px (the legend below the plot, the figure grown to hold it), as built wider
+        layout = "narrow" if width < 640 else "wide"
+        assert [f["id"] for f in state["figures"] if f["layout"] != layout] == [], f"{width} px: not laid out {layout}"
+        assert sum(f["legends"] for f in state["figures"]) >= 3, "too few legends to check"
+        cut = {f["id"]: f["cut"] for f in state["figures"] if f["cut"]}
+        assert cut == {}, f"{width} px: legends or titles cut off: {cut}"
         assert state["gridFound"], "no circuitsvis mount point in the head grid"
         assert state["gridChildren"] > 0, "the circuitsvis head grid did not mount"
         assert state["gridCanvases"] > len(grid.names), "the head grid drew no attention pattern"  # its tiles + zoom

@@ -62,8 +62,10 @@ code { background: var(--bg-alt); padding: 0 3px; border-radius: 3px; }
 
 
 #: On a narrow screen (a phone, 420 px) every plotly figure is laid out again: its title and each
-#: panel's title and axis title wrapped to the width they have, the legend below the plot, and a
-#: log axis of a panel under 300 px labelled at the powers of ten only. Wider, as built.
+#: panel's title and axis title wrapped to the length they have, the legend at the bottom of the
+#: figure, the figure made taller by the legend's height (plotly would shrink the plot), and a log
+#: axis of a panel under 300 px labelled at the powers of ten only. Wider, as built. Each figure's div gets
+#: ``data-tlg-layout`` ("narrow" or "wide") once it is laid out (the browser test waits for it).
 NARROW_SCRIPT = """
 (function () {
   var NARROW = 640;
@@ -80,6 +82,22 @@ NARROW_SCRIPT = """
   function axes(layout) {
     return Object.keys(layout).filter(function (k) { return /^[xy]axis[0-9]*$/.test(k); });
   }
+  function done(div, how) { div.dataset.tlgLayout = how; }
+  // plotly's div and the box around it (plotly.io's wrapper, 480 px tall as built) grow together
+  function setHeight(div, px) {
+    div.style.height = px + "px";
+    var wrapper = div.parentElement;
+    if (wrapper && !wrapper.classList.contains("tlg-plot")) { wrapper.style.height = px + "px"; }
+  }
+  // plotly makes room for a legend at the bottom by shrinking the plot: grow the figure by the
+  // legend's height instead, so the panels keep their size
+  function room(div, height) {
+    var legend = div.querySelector(".legend");
+    if (!legend) { return null; }
+    var grown = height + Math.ceil(legend.getBoundingClientRect().height) + 8;
+    setHeight(div, grown);
+    return {height: grown};
+  }
   function fit(div) {
     if (!window.Plotly || !div.layout || !div.clientWidth) { return; }
     var box = div.closest(".tlg-plot") || div.parentElement || div;
@@ -87,7 +105,8 @@ NARROW_SCRIPT = """
     if (!div.tlgWide) {
       var wide = {"title.text": layout.title && layout.title.text, "title.font.size": null, "legend.orientation": null,
                   "legend.x": null, "legend.y": null, "legend.xanchor": null, "legend.yanchor": null,
-                  height: layout.height || null};
+                  "legend.yref": null, height: layout.height || null,
+                  "margin.t": (layout.margin && layout.margin.t !== undefined) ? layout.margin.t : null};
       (layout.annotations || []).forEach(function (a, i) {
         wide["annotations[" + i + "].text"] = a.text;
         wide["annotations[" + i + "].font.size"] = (a.font && a.font.size) || null;
@@ -99,37 +118,60 @@ NARROW_SCRIPT = """
         wide[k + ".tickangle"] = ax.tickangle === undefined ? null : ax.tickangle;
       });
       div.tlgWide = wide;
+      div.tlgTop = div._fullLayout ? div._fullLayout.margin.t : 100;  // the top margin as built
     }
     if (width >= NARROW) {
       if (div.tlgNarrow) {
         div.tlgNarrow = false;
-        div.style.height = (div.tlgWide.height || 480) + "px";
-        Plotly.relayout(div, div.tlgWide);
-      }
+        setHeight(div, div.tlgWide.height || 480);
+        Plotly.relayout(div, div.tlgWide).then(function () { done(div, "wide"); });
+      } else { done(div, "wide"); }
       return;
     }
     var xs = axes(layout).filter(function (k) { return k[0] === "x"; });
     var panels = Math.max(1, new Set(xs.map(function (k) { return (layout[k].domain || [0, 1])[0]; })).size);
-    var panel = width / panels, update = {"title.font.size": 14, autosize: true, "legend.orientation": "h",
-      "legend.x": 0, "legend.xanchor": "left", "legend.y": -0.32, "legend.yanchor": "top"};
-    var shown = (div.data || []).filter(function (t) { return t.showlegend !== false && t.name; }).length;
-    div.style.height = ((div.tlgWide.height || 480) + 22 * Math.ceil(shown / 2) + 40) + "px";  // the legend's rows
+    var panel = width / panels, height = div.tlgWide.height || 480;
+    var drawn = Math.min.apply(null, xs.map(function (k) {  // a panel's width as drawn (the margins left out)
+      var full = div._fullLayout && div._fullLayout[k];
+      return (full && full._length) || panel;
+    }).concat([panel]));
+    var update = {"title.font.size": 14, autosize: true, height: height, "legend.orientation": "h",
+      "legend.x": 0, "legend.xanchor": "left", "legend.yref": "container", "legend.y": 0, "legend.yanchor": "bottom"};
+    setHeight(div, height);
     update["title.text"] = wrap(div.tlgWide["title.text"], Math.floor(width / 9.5));
     (layout.annotations || []).forEach(function (a, i) {
-      update["annotations[" + i + "].text"] = wrap(div.tlgWide["annotations[" + i + "].text"], Math.floor(panel / 7.5));
+      update["annotations[" + i + "].text"] = wrap(div.tlgWide["annotations[" + i + "].text"], Math.max(8, Math.floor(drawn / 6.5)));
       update["annotations[" + i + "].font.size"] = 11;
     });
     axes(layout).forEach(function (k) {
-      var ax = layout[k], span = k[0] === "x" ? panel : width;
-      update[k + ".title.text"] = wrap(div.tlgWide[k + ".title.text"], Math.floor(span / 7));
+      var ax = layout[k], full = div._fullLayout && div._fullLayout[k];
+      var span = (full && full._length) || (k[0] === "x" ? panel : height / 2);
+      // a y title keeps clear of the figure's title above the plot, which the wrapped titles shrink
+      var chars = k[0] === "x" ? span / 6.5 : 0.7 * span / 7;
+      update[k + ".title.text"] = wrap(div.tlgWide[k + ".title.text"], Math.max(10, Math.floor(chars)));
+      if (k !== "yaxis" && k[0] === "y" && div.tlgWide[k + ".title.text"] === div.tlgWide["yaxis.title.text"]) {
+        update[k + ".title.text"] = "";  // a panel's y title that repeats the first one's would cover its ticks
+      }
       var text = div.tlgWide[k + ".ticktext"];
       if (ax.type === "log" && text && k[0] === "x" && panel < 300) {
         update[k + ".ticktext"] = text.map(function (t) { return /^(0\\.0*)?10*$/.test(t) ? t : ""; });
         update[k + ".tickangle"] = 0;
       }
     });
+    // wrapped titles grow upwards: a taller top margin (and figure) keeps them off each other
+    var lines = function (text) { return text ? String(text).split("<br>").length : 1; };
+    var annotationLines = Math.max.apply(null, (layout.annotations || []).map(function (a, i) {
+      return lines(update["annotations[" + i + "].text"]);
+    }).concat([1]));
+    var more = 16 * (lines(update["title.text"]) - 1) + 14 * (annotationLines - 1);
+    update["margin.t"] = div.tlgTop + more;
+    update.height = height = height + more;
+    setHeight(div, height);
     div.tlgNarrow = true;
-    Plotly.relayout(div, update);
+    Plotly.relayout(div, update).then(function () {
+      var more = room(div, height);
+      return more ? Plotly.relayout(div, more) : null;
+    }).then(function () { done(div, "narrow"); });
   }
   function fitAll() { document.querySelectorAll(".js-plotly-plot").forEach(fit); }
   var timer = null;
