@@ -107,6 +107,10 @@ NARROW_SCRIPT = """
                   "legend.x": null, "legend.y": null, "legend.xanchor": null, "legend.yanchor": null,
                   "legend.yref": null, height: layout.height || null,
                   "margin.t": (layout.margin && layout.margin.t !== undefined) ? layout.margin.t : null};
+      (layout.updatemenus || []).forEach(function (m, i) {
+        wide["updatemenus[" + i + "].y"] = m.y === undefined ? null : m.y;
+        wide["updatemenus[" + i + "].yanchor"] = m.yanchor || null;
+      });
       (layout.annotations || []).forEach(function (a, i) {
         wide["annotations[" + i + "].text"] = a.text;
         wide["annotations[" + i + "].font.size"] = (a.font && a.font.size) || null;
@@ -164,6 +168,11 @@ NARROW_SCRIPT = """
       return lines(update["annotations[" + i + "].text"]);
     }).concat([1]));
     var more = 16 * (lines(update["title.text"]) - 1) + 14 * (annotationLines - 1);
+    (layout.updatemenus || []).forEach(function (m, i) {  // a menu goes just above the plot, under the title
+      update["updatemenus[" + i + "].y"] = 1.01;
+      update["updatemenus[" + i + "].yanchor"] = "bottom";
+    });
+    if ((layout.updatemenus || []).length) { more += 36; }
     update["margin.t"] = div.tlgTop + more;
     update.height = height = height + more;
     setHeight(div, height);
