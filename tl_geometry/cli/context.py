@@ -34,6 +34,9 @@ from tl_geometry.cli.common import (
 )
 from tl_geometry.errors import TLGeometryError
 
+#: The most bootstrap draws ``--bootstrap`` asks for (each resamples every document's curve).
+MAX_BOOTSTRAP = 100_000
+
 
 def add_parser(sub: Any) -> None:
     """The ``context`` sub-command."""
@@ -68,7 +71,7 @@ def add_parser(sub: Any) -> None:
         "--bootstrap",
         type=int,
         default=1000,
-        help="paired-document bootstrap draws of N* and the slope (default 1000; 0: none)",
+        help="paired-document bootstrap draws of N* and the slope (default 1000, at most 100000; 0: none)",
     )
     p.add_argument(
         "--absolute-tolerance",
@@ -99,11 +102,19 @@ def _options(args: argparse.Namespace) -> dict:
     ns = parse_ints(args.ns, "--ns", ("pow2",))
     if isinstance(ns, list) and (not ns or min(ns) < 1):
         raise TLGeometryError(f"--ns sizes must be integers >= 1, got {args.ns!r}")
+    if isinstance(ns, list) and max(ns) > max(contexts):
+        raise TLGeometryError(
+            f"--ns {max(ns)} is more keys than the longest context holds ({max(contexts)}): use --ns <= {max(contexts)}"
+        )
     if not math.isfinite(args.tolerance):
         raise TLGeometryError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
     check_tolerance(args.tolerance)
-    if args.bootstrap < 0:
-        raise TLGeometryError(f"--bootstrap must be an integer >= 0 (draws; 0: no intervals), got {args.bootstrap}")
+    if not 0 <= args.bootstrap <= MAX_BOOTSTRAP:
+        raise TLGeometryError(
+            f"--bootstrap must be an integer in 0..{MAX_BOOTSTRAP} (draws; 0: no intervals), got {args.bootstrap}"
+        )
+    if not 0 <= args.seed < 2**64:  # the bootstrap's numpy generator takes no negative seed
+        raise TLGeometryError(f"--seed must be an integer in 0..2**64 - 1, got {args.seed}")
     if args.absolute_tolerance is not None and (
         not math.isfinite(args.absolute_tolerance) or args.absolute_tolerance < 0
     ):

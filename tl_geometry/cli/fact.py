@@ -33,6 +33,9 @@ from tl_geometry.cli.common import (
 )
 from tl_geometry.errors import TLGeometryError
 
+#: The most generated examples ``--n-examples`` asks for (each costs forward passes per amount).
+MAX_EXAMPLES = 100_000
+
 
 def add_parser(sub: Any) -> None:
     """The ``fact`` sub-command."""
@@ -41,7 +44,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--facts", default=None, help="JSON file of examples {fact, question, answer[, candidates, competitors]}"
     )
-    p.add_argument("--n-examples", type=int, default=16, help="generated examples (default 16; not with --facts)")
+    p.add_argument(
+        "--n-examples", type=int, default=16, help="generated examples (default 16, at most 100000; not with --facts)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the generated examples and of random ranking")
     p.add_argument(
         "--conditions", default="neutral,competitors", help="background conditions, comma list (default %(default)s)"
@@ -73,7 +78,7 @@ def _options(args: argparse.Namespace) -> dict:
     from tl_geometry.core.ranking_checks import check_rankings
     from tl_geometry.core.rankings import check_seed
     from tl_geometry.intervention.context import check_n
-    from tl_geometry.models import check_model_name
+    from tl_geometry.models import check_model_name, model_shape
 
     check_model_name(args.model)  # a path that does not exist, before anything else
     amounts_given = parse_ints(args.amounts, "--amounts", ())
@@ -81,6 +86,12 @@ def _options(args: argparse.Namespace) -> dict:
         amounts = check_amounts(amounts_given)
     except TLGeometryError as exc:
         raise TLGeometryError(f"--amounts: {exc}") from None
+    shape = model_shape(args.model)
+    if shape is not None and amounts[-1] + 3 > shape.n_ctx:  # a BOS, a fact and a question of one token at least
+        raise TLGeometryError(
+            f"--amounts {amounts[-1]} leaves no room in the context of {args.model} ({shape.n_ctx} tokens) for the "
+            f"fact and the question: use amounts below {shape.n_ctx - 3}, less the length of the facts"
+        )
     if args.seed < 0:
         raise TLGeometryError(f"--seed must be an integer >= 0, got {args.seed}")
     if not math.isfinite(args.tolerance) or args.tolerance < 0:
@@ -92,6 +103,10 @@ def _options(args: argparse.Namespace) -> dict:
         ns = sorted({check_n(n) for n in ns})
     except TLGeometryError as exc:
         raise TLGeometryError(f"--ns: {exc}") from None
+    if shape is not None and ns[-1] > shape.n_ctx:
+        raise TLGeometryError(
+            f"--ns {ns[-1]} is more keys than the context of {args.model} holds ({shape.n_ctx}): use --ns <= {shape.n_ctx}"
+        )
     rank_by = check_rankings(parse_names(args.rank_by) or [""])
     conditions = check_conditions(parse_names(args.conditions))
     for option, check, value in (
@@ -105,9 +120,15 @@ def _options(args: argparse.Namespace) -> dict:
     if args.facts is not None:
         examples = read_examples(args.facts)
     else:
-        if args.n_examples < 1:
-            raise TLGeometryError(f"--n-examples must be at least 1, got {args.n_examples}")
+        if not 1 <= args.n_examples <= MAX_EXAMPLES:
+            raise TLGeometryError(f"--n-examples must be in 1..{MAX_EXAMPLES}, got {args.n_examples}")
         examples = babi_examples(args.n_examples, seed=args.seed)
+    bare = [e for e in examples if not e.competitors]
+    if "competitors" in conditions and amounts[-1] > 0 and bare:
+        raise TLGeometryError(
+            f"--conditions competitors: the example {bare[0].fact!r} has no competitor facts: give 'competitors' "
+            "in --facts, or use --conditions neutral"
+        )
     background = None
     if args.background != "python-docs":
         from tl_geometry import corpus

@@ -126,7 +126,10 @@ def _options(args: argparse.Namespace) -> dict:
     tolerances = [args.tolerance]
     if args.tolerances is not None:
         try:
-            tolerances += [check_tolerance(float(t)) for t in parse_names(args.tolerances)]
+            given = [check_tolerance(float(t)) for t in parse_names(args.tolerances)]
+            if not given:
+                raise ValueError("empty")
+            tolerances += given
         except (ValueError, TLGeometryError):
             raise TLGeometryError(
                 f"--tolerances must be a comma list of numbers >= 0 like 0.01,0.05,0.10, got {args.tolerances!r}"
