@@ -191,3 +191,36 @@ def test_a_facts_file_is_read_by_its_schema_before_the_model_loads(monkeypatch, 
     assert main(["fact", "--facts", str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def damage(path) -> None:
+    """64 zero bytes written into the middle of ``path``, its size unchanged."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(64)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("table", ["answers.parquet", "heads.parquet", "summary.parquet"])
+def test_fact_resume_refuses_a_damaged_table_naming_it(tiny, tmp_path, capsys, monkeypatch, table) -> None:
+    assert main(fact_argv(tmp_path)) == 0
+    damage(tmp_path / "fact" / table)
+    capsys.readouterr()
+    monkeypatch.setattr(tlg, "load_model", lambda *a, **k: pytest.fail("the model must not be loaded"))
+    assert main(fact_argv(tmp_path, "--resume")) == 2
+    err = capsys.readouterr().err
+    assert f"{table} is damaged" in err and "--force" in err and err.count("\n") == 1, err
+
+
+def test_context_resume_refuses_a_damaged_table_naming_it(tiny, tmp_path, capsys, monkeypatch) -> None:
+    doc = tmp_path / "doc.txt"
+    doc.write_text("the quick brown fox jumps over the lazy dog; " * 3)
+    argv = ["context", "--corpus", str(doc), "--n-docs", "1", "--contexts", "8,16", "--targets", "4", "--ns", "2",
+            "--renormalize", "deletion", "--bootstrap", "0", "--no-progress", "--out", str(tmp_path / "ctx")]  # fmt: skip
+    assert main(argv) == 0
+    damage(tmp_path / "ctx" / "context.parquet")
+    capsys.readouterr()
+    monkeypatch.setattr(tlg, "load_model", lambda *a, **k: pytest.fail("the model must not be loaded"))
+    assert main([*argv, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "context.parquet is damaged" in err and err.count("\n") == 1, err

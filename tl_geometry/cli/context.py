@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -160,18 +161,24 @@ def context_command(args: argparse.Namespace) -> int:
 
 
 def _check_out(args: argparse.Namespace) -> Path:
-    return check_out(
+    from tl_geometry.io.checksums import verify_checksums
+
+    out = check_out(
         args,
         what="context scaling",
         example="runs/context",
         saved=lambda d: any(d.glob("context_*/curve.json")),
         nothing_saved="holds no curve (context_*/curve.json)",
     )
+    if args.resume:
+        verify_checksums(out, advice="start over with --force")
+    return out
 
 
 def _context(args: argparse.Namespace, options: dict, out: Path, world: Any) -> int:
     corpus = _corpus(args)
     import tl_geometry as tlg
+    from tl_geometry.io.checksums import write_checked
     from tl_geometry.report.competition import write_context_report
 
     main_process = world is None or world.is_main
@@ -199,11 +206,10 @@ def _context(args: argparse.Namespace, options: dict, out: Path, world: Any) -> 
         )
     if not main_process:
         return 0
-    table.to_parquet(out / "context.parquet", index=False)
     intervals, slopes = bootstrap_tables(args, windows)
-    windows.to_parquet(out / "context_windows.parquet", index=False)
-    intervals.to_parquet(out / "context_n_star.parquet", index=False)
-    slopes.to_parquet(out / "context_slopes.parquet", index=False)
+    tables = {"context": table, "context_windows": windows, "context_n_star": intervals, "context_slopes": slopes}
+    for name, frame in tables.items():  # each one's SHA-256 recorded, checked by --resume
+        write_checked(out / f"{name}.parquet", partial(frame.to_parquet, index=False))
     page = write_context_report(out, table, {"model": args.model, "skipped documents": table.attrs["skipped_docs"]})
     stars = table.drop_duplicates(["context", "rank_by", "renormalize"])
     for row in stars.itertuples():

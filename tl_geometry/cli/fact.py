@@ -159,6 +159,7 @@ def fact_command(args: argparse.Namespace) -> int:
 
 def _fact(args: argparse.Namespace, options: dict) -> int:
     from tl_geometry.competition.retrieval import PROGRESS_FILE, check_saved_identity, retrieval_under_competition
+    from tl_geometry.io.checksums import verify_checksums
     from tl_geometry.io.store import StoreError
     from tl_geometry.report.competition import write_retrieval_report
 
@@ -172,6 +173,7 @@ def _fact(args: argparse.Namespace, options: dict) -> int:
     if args.resume:
         try:  # every setting that needs no model, before it loads
             check_saved_identity(out, options["settings"], keys=list(options["settings"]))
+            verify_checksums(out, advice="start over with --force")
         except StoreError as exc:
             raise TLGeometryError(f"--resume: {exc}; or start over with --force") from None
     model = load_model_and_claim(args, out)
@@ -205,12 +207,12 @@ def _fact(args: argparse.Namespace, options: dict) -> int:
 
 
 def write_tables(out: Path, result: Any) -> None:
-    """The finished run's derived tables, beside the ones written as it ran."""
-    from tl_geometry.io.files import write_atomic
+    """The finished run's derived tables, beside the ones written as it ran (each one's SHA-256 recorded)."""
+    from tl_geometry.io.checksums import write_checked
 
     tables = {"summary": result.summary(), "n_star": result.n_star(), "support": result.support()}
     for name, table in {**tables, "examples": result.examples}.items():
-        write_atomic(out / f"{name}.parquet", partial(table.to_parquet, index=False))
+        write_checked(out / f"{name}.parquet", partial(table.to_parquet, index=False))
 
 
 __all__ = ["add_parser", "fact_command"]

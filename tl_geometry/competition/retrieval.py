@@ -51,7 +51,8 @@ from tl_geometry.corpus import encode_text
 from tl_geometry.errors import InputError
 from tl_geometry.intervention.context import check_n, top_n_attention
 from tl_geometry.intervention.curve import check_tolerance
-from tl_geometry.io.files import write_atomic, write_json_atomic
+from tl_geometry.io.checksums import ChecksumError, verify_checksums, write_checked
+from tl_geometry.io.files import write_json_atomic
 from tl_geometry.io.store import StoreError, describe_differences, model_fingerprint
 from tl_geometry.models import describe_model, hook_pattern_name
 
@@ -407,7 +408,8 @@ def retrieval_under_competition(
 
 
 class RetrievalStore:
-    """``out_dir``: ``heads.parquet`` and ``answers.parquet`` rewritten after every unit, then
+    """``out_dir``: ``heads.parquet`` and ``answers.parquet`` rewritten after every unit (their
+    SHA-256 recorded, :mod:`tl_geometry.io.checksums`, and checked on resume), then
     :data:`PROGRESS_FILE` (identity and the units done); rows of a unit not listed there are dropped on resume."""
 
     def __init__(self, out_dir: str | Path | None, identity: dict, resume: bool) -> None:
@@ -423,6 +425,10 @@ class RetrievalStore:
             return
         check_saved_identity(self.dir, identity)
         self.done = [str(u) for u in saved["done"]]
+        try:
+            verify_checksums(self.dir, ["heads.parquet", "answers.parquet"], advice="start over")
+        except ChecksumError as exc:
+            raise StoreError(str(exc)) from None
         try:
             heads = pd.read_parquet(self.dir / "heads.parquet") if self.done else self.heads
             answers = pd.read_parquet(self.dir / "answers.parquet") if self.done else self.answers
@@ -452,8 +458,8 @@ class RetrievalStore:
         if self.dir is None:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.dir / "heads.parquet", lambda p: self.heads.to_parquet(p, index=False))
-        write_atomic(self.dir / "answers.parquet", lambda p: self.answers.to_parquet(p, index=False))
+        write_checked(self.dir / "heads.parquet", lambda p: self.heads.to_parquet(p, index=False))
+        write_checked(self.dir / "answers.parquet", lambda p: self.answers.to_parquet(p, index=False))
         write_json_atomic(self.dir / PROGRESS_FILE, {"format": 1, "identity": self.identity, "done": self.done})
 
     def tables(self) -> tuple[pd.DataFrame, pd.DataFrame]:
