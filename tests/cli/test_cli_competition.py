@@ -224,3 +224,40 @@ def test_context_resume_refuses_a_damaged_table_naming_it(tiny, tmp_path, capsys
     assert main([*argv, "--resume"]) == 2
     err = capsys.readouterr().err
     assert "context.parquet is damaged" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("command", ["fact", "context"])
+@pytest.mark.parametrize("mode", ["--resume", "--force", None])
+def test_a_foreign_folder_is_refused_before_its_lock_is_made(tiny, tmp_path, capsys, command, mode) -> None:
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    doc = tmp_path / "doc.txt"
+    doc.write_text("the quick brown fox jumps over the lazy dog; " * 3)
+    argv = (
+        fact_argv(tmp_path)
+        if command == "fact"
+        else [
+            "context",
+            "--corpus",
+            str(doc),
+            "--n-docs",
+            "1",
+            "--contexts",
+            "8,16",
+            "--targets",
+            "4",
+            "--ns",
+            "2",
+            "--renormalize",
+            "deletion",
+            "--bootstrap",
+            "0",
+            "--no-progress",
+        ]  # fmt: skip
+    )
+    argv = [*argv, "--out", str(folder), *([mode] if mode else [])]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "written by tl-geometry" in err and "choose another --out" in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]

@@ -294,10 +294,12 @@ def locked_out(out: Path, args: argparse.Namespace, world: World | None = None) 
     """Hold ``out``'s :class:`~tl_geometry.io.lock.RunLock` while the command runs; call it before
     any expensive work (the model, the corpus), right after :func:`out_path`.
 
-    A directory another process holds is refused with one line naming that process. Under torchrun
+    A directory another process holds is refused with one line naming that process; one that
+    tl-geometry did not write (:func:`check_not_foreign`) before the lock file is made in it. Under torchrun
     (``world``, started) rank 0 takes the lock for the group and every rank learns the outcome: if
     rank 0 cannot, every rank raises the same error.
     """
+    check_not_foreign(out, args)  # before the lock file is made there
     lock = RunLock(out, command_line(args), use_instead="another --out", name=f"--out {out}")
     refused = None
     if world is None or world.is_main:
@@ -313,6 +315,20 @@ def locked_out(out: Path, args: argparse.Namespace, world: World | None = None) 
         yield lock
     finally:
         lock.release()
+
+
+def check_not_foreign(out: Path, args: argparse.Namespace) -> None:
+    """Refuse ``--out`` if it holds a file tl-geometry does not write (:func:`first_foreign_file`)
+    and no :data:`MARKER_FILE`: a folder of the user's, where no command (``--resume`` and
+    ``--force`` included) may leave its lock file; what :func:`check_out` would refuse, said earlier."""
+    if not holds_results(out) or is_run_dir(out) or first_foreign_file(out) is None:
+        return
+    if getattr(args, "force", False):
+        check_replaceable(out)
+    flag = "--resume: " if getattr(args, "resume", False) else ""
+    raise TLGeometryError(
+        f"{flag}{out} already exists and was not written by tl-geometry (no {MARKER_FILE}): choose another --out"
+    )
 
 
 def run_locked(
@@ -611,6 +627,7 @@ __all__ = [
     "WRITTEN_FILES",
     "add_out_options",
     "add_source_options",
+    "check_not_foreign",
     "check_out",
     "check_replaceable",
     "check_saved_settings",
