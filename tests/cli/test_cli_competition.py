@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -261,3 +262,50 @@ def test_a_foreign_folder_is_refused_before_its_lock_is_made(tiny, tmp_path, cap
     err = capsys.readouterr().err
     assert "written by tl-geometry" in err and "choose another --out" in err and err.count("\n") == 1, err
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("command", ["fact", "context"])
+def test_report_rebuilds_the_page_of_a_finished_fact_or_context(tiny, tmp_path, capsys, monkeypatch, command) -> None:
+    doc = tmp_path / "doc.txt"
+    doc.write_text("the quick brown fox jumps over the lazy dog; " * 3)
+    out = tmp_path / "out"
+    argv = (
+        fact_argv(tmp_path)
+        if command == "fact"
+        else [
+            "context",
+            "--corpus",
+            str(doc),
+            "--n-docs",
+            "1",
+            "--contexts",
+            "8,16",
+            "--targets",
+            "4",
+            "--ns",
+            "2",
+            "--renormalize",
+            "deletion",
+            "--bootstrap",
+            "0",
+            "--no-progress",
+        ]  # fmt: skip
+    )
+    assert main([*argv, "--out", str(out)]) == 0
+    written = (out / "index.html").read_text()
+    (out / "index.html").unlink()
+    capsys.readouterr()
+    monkeypatch.setattr(tlg, "load_model", lambda *a, **k: pytest.fail("report loads no model"))
+    assert main(["report", str(out)]) == 0
+    assert "holds no result" not in capsys.readouterr().err
+
+    def undated(page: str) -> str:  # the page says when it was written
+        return re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", "DATE", page)
+
+    assert undated((out / "index.html").read_text()) == undated(written) and "DATE" in undated(written)
+    table = "answers.parquet" if command == "fact" else "context.parquet"
+    damage(out / table)
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{table} is damaged" in err and "--force" in err and err.count("\n") == 1, err

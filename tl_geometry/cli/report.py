@@ -1,4 +1,5 @@
-"""``tl-geometry report DIR``: rebuild ``DIR/index.html`` from the results saved in ``DIR``.
+"""``tl-geometry report DIR``: rebuild ``DIR/index.html`` from the results saved in ``DIR``
+(a ``run``, or a finished ``fact`` or ``context``).
 
 ::
 
@@ -12,7 +13,14 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from tl_geometry.cli.common import command_line, has_saved_run, is_run_dir, marked_command, resume_command
+from tl_geometry.cli.common import (
+    command_line,
+    has_saved_run,
+    is_run_dir,
+    marked_command,
+    marked_settings,
+    resume_command,
+)
 from tl_geometry.cli.sparsify import CURVE_FILE
 from tl_geometry.errors import TLGeometryError
 from tl_geometry.io.lock import RunLock
@@ -35,11 +43,49 @@ def report_command(args: argparse.Namespace) -> int:
     if not is_run_dir(src):
         check_finished(src)  # a directory tl-geometry did not write is refused before its lock is made there
     with RunLock(src, command_line(args), use_instead="a finished run's directory"):
-        check_finished(src)
-        check_saved_tables(src)
-        page = build_report(src, src)
+        page = competition_page(src)
+        if page is None:
+            check_finished(src)
+            check_saved_tables(src)
+            page = build_report(src, src)
     print(f"wrote {page}")
     return 0
+
+
+def competition_page(src: Path) -> Path | None:
+    """Rebuild the page of a finished ``tl-geometry fact`` or ``context`` run in ``src`` from its
+    saved tables (checksums verified first); None if ``src`` holds neither, one line if unfinished."""
+    from tl_geometry.competition.retrieval import PROGRESS_FILE
+
+    fact, context = (src / PROGRESS_FILE).is_file(), any(src.glob("context_*/curve.json"))
+    if not (fact or context):
+        return None
+    import pandas as pd
+
+    from tl_geometry.io.checksums import verify_checksums
+    from tl_geometry.report.competition import write_context_report, write_retrieval_report
+
+    finished = ("summary.parquet", "examples.parquet") if fact else ("context.parquet",)
+    if not all((src / name).is_file() for name in finished):
+        raise TLGeometryError(
+            f"{src} holds an interrupted `tl-geometry {'fact' if fact else 'context'}` run: finish it with "
+            f"`{resume_command(marked_command(src), src)}`, which writes its page"
+        )
+    again = f"run it again (`{resume_command(marked_command(src), src).replace('--resume', '--force')}`)"
+    verify_checksums(src, advice=again)
+    try:
+        if fact:
+            from tl_geometry.competition.retrieval import Retrieval, read_progress
+
+            progress = read_progress(src) or {}
+            tables = {name: pd.read_parquet(src / f"{name}.parquet") for name in ("heads", "answers", "examples")}
+            return write_retrieval_report(src, Retrieval(**tables, config=progress.get("identity", {})))
+        table = pd.read_parquet(src / "context.parquet")
+    except (OSError, ValueError) as exc:
+        raise TLGeometryError(f"{src}: a saved table cannot be read ({type(exc).__name__}); {again}") from None
+    settings = marked_settings(src) or {}
+    notes = {"model": settings.get("--model", ""), "skipped documents": table.attrs.get("skipped_docs", "")}
+    return write_context_report(src, table, notes)
 
 
 def check_finished(src: Path) -> None:
@@ -86,4 +132,4 @@ def check_saved_tables(src: Path) -> None:
             ) from None
 
 
-__all__ = ["add_parser", "check_finished", "check_saved_tables", "report_command"]
+__all__ = ["add_parser", "check_finished", "competition_page", "check_saved_tables", "report_command"]
