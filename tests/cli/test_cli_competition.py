@@ -309,3 +309,26 @@ def test_report_rebuilds_the_page_of_a_finished_fact_or_context(tiny, tmp_path, 
     assert main(["report", str(out)]) == 2
     err = capsys.readouterr().err
     assert f"{table} is damaged" in err and "--force" in err and err.count("\n") == 1, err
+
+
+def test_report_on_an_interrupted_fact_names_the_command_that_finishes_it(tiny, tmp_path, capsys, monkeypatch) -> None:
+    from tl_geometry.competition import retrieval
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    original = retrieval.candidate_scores
+    calls = {"n": 0}
+
+    def once_then_interrupt(*a, **k):
+        calls["n"] += 1
+        return original(*a, **k) if calls["n"] < 7 else interrupt()  # after the first units are saved
+
+    monkeypatch.setattr(retrieval, "candidate_scores", once_then_interrupt)
+    assert main(fact_argv(tmp_path)) == 130
+    capsys.readouterr()
+    assert (tmp_path / "fact" / "retrieval.json").exists()
+    assert main(["report", str(tmp_path / "fact")]) == 2
+    err = capsys.readouterr().err
+    assert "interrupted `tl-geometry fact` run" in err and "--resume" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "fact" / "index.html").exists()
