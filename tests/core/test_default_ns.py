@@ -21,6 +21,10 @@ OTHER_GRIDS = {
     "tl_geometry.competition.context.context_scaling",
     # one top-N pass per (background amount, N): a few sizes, not the analysis grid
     "tl_geometry.competition.fact.supporting_fact",
+    # the same for the retrieval protocol: one top-N pass per (condition, amount, example, N)
+    "tl_geometry.competition.retrieval.retrieval_under_competition",
+    # the sizes of the loss curve it predicts (sparsification_curve's powers of two)
+    "tl_geometry.intervention.sensitivity.gradient_sensitivity",
 }
 
 

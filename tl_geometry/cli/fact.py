@@ -51,7 +51,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--conditions", default="neutral,competitors", help="background conditions, comma list (default %(default)s)"
     )
-    p.add_argument("--background", default="python-docs", help="neutral background: 'python-docs' or a text file")
+    p.add_argument(
+        "--background",
+        default="python-docs",
+        help="neutral background: 'python-docs' or a text file (default %(default)s)",
+    )
     p.add_argument(
         "--amounts", default="0,1024,2048,4096", help="background sizes m in tokens, comma list (default %(default)s)"
     )
