@@ -1,5 +1,5 @@
 """Every public function that runs a model's passes runs them on the threads the policy picks
-(core/threads.py: the CPUs free now), and a user's own ``torch.set_num_threads`` wins."""
+(runtime/threads.py: the CPUs free now), and a user's own ``torch.set_num_threads`` wins."""
 
 from __future__ import annotations
 

@@ -128,6 +128,14 @@ def as_facts(facts: Any) -> list[Fact]:
     return out
 
 
+def check_sizes(ns: Any) -> list[int]:
+    """Sorted unique selection sizes ``N >= 1``, from one size or a list of them."""
+    n_list = sorted({check_n(n) for n in ([ns] if isinstance(ns, numbers.Integral) else list(ns))})
+    if not n_list:
+        raise InputError("ns is empty: give at least one size N")
+    return n_list
+
+
 def check_amounts(amounts: Any) -> list[int]:
     """Sorted unique background sizes ``m >= 0``."""
     items = [amounts] if isinstance(amounts, numbers.Integral) else amounts
@@ -211,9 +219,7 @@ def supporting_fact(
     """
     fact_list = as_facts(facts)
     sizes = check_amounts(amounts)
-    n_list = sorted({check_n(n) for n in ([ns] if isinstance(ns, numbers.Integral) else list(ns))})
-    if not n_list:
-        raise InputError("ns is empty: give at least one size N")
+    n_list = check_sizes(ns)
     rank_by = check_rank_by(rank_by)
     if not isinstance(renormalize, bool):
         raise InputError(f"renormalize must be True or False, got {renormalize!r}")
@@ -347,6 +353,7 @@ __all__ = [
     "answer_nll",
     "as_facts",
     "check_amounts",
+    "check_sizes",
     "fact_rank_stats",
     "supporting_fact",
     "template_facts",

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from tl_geometry.capture.hooks import model_device
 from tl_geometry.competition.babi import RetrievalExample, babi_examples, check_examples, examples_sha256
-from tl_geometry.competition.fact import SEPARATOR, background_tokens, check_amounts, query_rows_hook
+from tl_geometry.competition.fact import SEPARATOR, background_tokens, check_amounts, check_sizes, query_rows_hook
 from tl_geometry.competition.support import (
     answer_summary,
     candidate_scores,
@@ -49,7 +49,7 @@ from tl_geometry.core.ranking_checks import check_rankings
 from tl_geometry.core.rankings import check_seed
 from tl_geometry.corpus import encode_text
 from tl_geometry.errors import InputError
-from tl_geometry.intervention.context import check_n, top_n_attention
+from tl_geometry.intervention.context import top_n_attention
 from tl_geometry.intervention.curve import check_tolerance
 from tl_geometry.io.checksums import ChecksumError, verify_checksums, write_checked
 from tl_geometry.io.files import write_json_atomic
@@ -264,9 +264,7 @@ def retrieval_under_competition(
     example_list = babi_examples(16, seed=0) if examples is None else check_examples(examples)
     condition_list = check_conditions(conditions)
     sizes = check_amounts(amounts)
-    n_list = sorted({check_n(n) for n in ([ns] if isinstance(ns, numbers.Integral) else list(ns))})
-    if not n_list:
-        raise InputError("ns is empty: give at least one size N")
+    n_list = check_sizes(ns)
     rankings = check_rankings(rank_by)
     if not isinstance(renormalize, bool):
         raise InputError(f"renormalize must be True or False, got {renormalize!r}")
