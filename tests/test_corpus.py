@@ -156,3 +156,18 @@ def test_a_whitespace_file_is_refused_before_anything_loads(tmp_path) -> None:
     path.write_text(" \n\t" * 1000)
     with pytest.raises(tlg.InputError, match="empty"):
         tlg.corpus.from_files(path)
+
+
+def test_document_stretches_cut_the_joined_texts_into_consecutive_documents() -> None:
+    class Model:
+        tokenizer = TOK
+
+    texts = ["abcdefgh", "ijklmnop", "qrstuvwx"]
+    stretches = tlg.corpus.document_stretches(Model(), tlg.corpus.from_texts(texts), 7)
+    stream = []
+    for i, text in enumerate(texts):  # the obvious way: EOS between texts, no BOS
+        stream += ([TOK.eos_token_id] if i else []) + TOK(text, add_special_tokens=False)["input_ids"]
+    assert stretches.tokens.tolist() == [stream[k : k + 7] for k in range(0, len(stream) - 6, 7)]
+    assert stretches.tokens.shape == (len(stream) // 7, 7)
+    with pytest.raises(tlg.errors.InputError, match="length"):
+        tlg.corpus.document_stretches(Model(), tlg.corpus.from_texts(texts), 1)

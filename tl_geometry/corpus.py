@@ -387,6 +387,20 @@ def corpus_documents(model: Any, corpus: Corpus | TokenCorpus) -> list[list[int]
     return docs
 
 
+def document_stretches(model: Any, corpus: Corpus, length: int) -> TokenCorpus:
+    """``corpus``'s texts joined (the model's EOS between texts) and cut into consecutive documents of ``length`` tokens.
+
+    For context scaling over a corpus whose texts are shorter than ``max(contexts) + T``: every
+    stretch is one document (no BOS; context scaling adds it), the last partial one dropped.
+    """
+    if not is_integer(length) or length < 2:
+        raise InputError(f"length must be an integer >= 2, got {length!r}")
+    tokenizer = getattr(model, "tokenizer", None)
+    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    whole = Corpus(name=corpus.name, texts=corpus.texts, n_seqs=None, seq_len=int(length))
+    return TokenCorpus(name=f"{corpus.name} stretches of {length}", tokens=whole.windows(tokenizer, None, eos))
+
+
 def encode_text(model: Any, text: str) -> list[int]:
     """The token ids of ``text`` under the model's tokenizer, read as plain text (no special tokens added)."""
     tokenizer = getattr(model, "tokenizer", None)

@@ -23,7 +23,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 from jaxtyping import Int
@@ -402,6 +402,23 @@ def _hooked_transformer_class() -> Any:
     except ImportError:  # TransformerLens 4 removed it (and raises ImportError on access)
         return None
     return HookedTransformer
+
+
+def last_logits(model: Any, tokens: Tensor, n: int, fwd_hooks: Sequence[tuple[str, Any]] = ()) -> Tensor:
+    """The logits of the last ``n`` positions of ``tokens``: ``[batch, n, d_vocab]``.
+
+    A ``TransformerBridge`` unembeds only those positions (transformers' ``logits_to_keep``): over
+    a 262k vocabulary the unembedding of every position is most of Gemma 3 270M's forward pass.
+    Other models compute every position's logits and are sliced. ``fwd_hooks`` as
+    ``run_with_hooks`` takes them.
+    """
+    bridge = _bridge_class()
+    extra = {"logits_to_keep": int(n)} if bridge is not None and isinstance(model, bridge) else {}
+    if fwd_hooks:
+        logits = model.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks), **extra)
+    else:
+        logits = model(tokens, **extra)
+    return logits[:, -int(n) :]
 
 
 def is_supported_model(model: Any) -> bool:

@@ -48,6 +48,13 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--n-docs", type=int, default=8, help="number of documents (default 8)")
     p.add_argument("--skip-short", action="store_true", help="skip documents too short for the longest context")
+    p.add_argument(
+        "--documents",
+        default="texts",
+        choices=("texts", "stretches"),
+        help="each text of the corpus one document (texts, default), or the texts joined and cut into "
+        "consecutive stretches of max(--contexts) + --targets tokens (stretches)",
+    )
     p.add_argument("--contexts", default="128,256,512,1024", help="context lengths L, comma list (default %(default)s)")
     p.add_argument(
         "--targets", type=int, default=64, help="T, the last tokens of each document predicted (default %(default)s)"
@@ -183,6 +190,10 @@ def _context(args: argparse.Namespace, options: dict, out: Path, world: Any) -> 
 
     main_process = world is None or world.is_main
     model = load_model_and_claim(args, out, world)
+    if args.documents == "stretches":
+        from tl_geometry.corpus import document_stretches
+
+        corpus = document_stretches(model, corpus, max(options["contexts"]) + args.targets)
     with resumable(args, out, f"the points measured are saved in {out}"):
         table, windows = tlg.context_scaling(
             model,

@@ -54,7 +54,7 @@ from tl_geometry.intervention.curve import check_tolerance
 from tl_geometry.io.checksums import ChecksumError, verify_checksums, write_checked
 from tl_geometry.io.files import write_json_atomic
 from tl_geometry.io.store import StoreError, describe_differences, model_fingerprint
-from tl_geometry.models import describe_model, hook_pattern_name
+from tl_geometry.models import describe_model, hook_pattern_name, last_logits
 
 CONDITIONS = ("neutral", "competitors")
 DEFAULT_AMOUNTS = (0, 1024, 2048, 4096)
@@ -340,7 +340,7 @@ def retrieval_under_competition(
         head_rows, answer_rows = [], []
         with torch.inference_mode():
             hooks = [(hook_pattern_name(layer), keep_rows) for layer in range(info.n_layers)]
-            logits = model.run_with_hooks(tokens, fwd_hooks=hooks)[0, q].cpu()
+            logits = last_logits(model, tokens, 1, hooks)[0, -1].cpu()
             loss_full, correct_full = candidate_scores(logits, first_tokens, answer)
             stacked = torch.stack([rows[layer][0] for layer in range(info.n_layers)])  # [layer, head, key]
             measures = support_measures(stacked[..., : q + 1], support, top)
@@ -364,7 +364,7 @@ def retrieval_under_competition(
                     loss, correct = loss_full, correct_full
                 else:
                     with top_n_attention(model, n=n, rank_by=rank_by, renormalize=renormalize, seed=seed):
-                        loss, correct = candidate_scores(model(tokens)[0, q].cpu(), first_tokens, answer)
+                        loss, correct = candidate_scores(last_logits(model, tokens, 1)[0, -1].cpu(), first_tokens, answer)
                 answer_rows.append(
                     {
                         "condition": condition,

@@ -19,6 +19,7 @@ from torch import Tensor
 from tl_geometry.capture.hooks import model_device
 from tl_geometry.core.progress import tqdm
 from tl_geometry.errors import InputError
+from tl_geometry.models import last_logits
 from tl_geometry.runtime.budget import check_memory
 from tl_geometry.runtime.threads import analysis_threads
 
@@ -149,8 +150,8 @@ def corpus_nll(
             if before_batch is not None:
                 before_batch(ids)
             with analysis_threads(device):  # the CPUs free now (tl_geometry.runtime.threads)
-                logits = model(batch.to(device))
-            sums.update(zip(ids.tolist(), window_nll(logits, batch, n_targets).cpu().tolist()))
+                logits = last_logits(model, batch.to(device), n_targets + 1)  # the targets' logits only
+            sums.update(zip(ids.tolist(), window_nll(logits, batch[:, -(n_targets + 1) :], n_targets).cpu().tolist()))
             bar.update(batch.shape[0])
     bar.close()
     if gather is not None:
