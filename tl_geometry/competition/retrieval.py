@@ -364,7 +364,9 @@ def retrieval_under_competition(
                     loss, correct = loss_full, correct_full
                 else:
                     with top_n_attention(model, n=n, rank_by=rank_by, renormalize=renormalize, seed=seed):
-                        loss, correct = candidate_scores(last_logits(model, tokens, 1)[0, -1].cpu(), first_tokens, answer)
+                        loss, correct = candidate_scores(
+                            last_logits(model, tokens, 1)[0, -1].cpu(), first_tokens, answer
+                        )
                 answer_rows.append(
                     {
                         "condition": condition,
