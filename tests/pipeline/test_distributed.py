@@ -236,3 +236,31 @@ def test_torchrun_sparsify_equals_one_process(tiny_dir: Path, tmp_path: Path) ->
         pd.testing.assert_frame_equal(a, b, check_exact=True)
     curve = pd.read_parquet(tmp_path / "two" / "curve.parquet")
     assert (curve.n_tokens == 5 * 23).all() and (curve.delta_nll_rel[curve.n < 24] != 0).any()
+
+
+def test_torchrun_fact_equals_one_process(tiny_dir: Path, tmp_path: Path) -> None:
+    places = ["attic", "barn", "cellar", "den", "garden", "hall"]  # distinct first bytes
+    facts = [
+        {"fact": f"{who} moved to the {place}.", "question": f"Where is {who}? {who} is in the", "answer": place,
+         "candidates": places}
+        for who, place in (("Al", "attic"), ("Bo", "den"), ("Cy", "hall"))
+    ]  # fmt: skip
+    (tmp_path / "facts.json").write_text(json.dumps(facts))
+    args = ["--model", str(tiny_dir), "--facts", str(tmp_path / "facts.json"), "--amounts", "0,9,20",
+            "--ns", "2,5", "--rank-by", "attention,sink_window", "--top", "4"]  # fmt: skip
+    one = _run([sys.executable], [*args, "--out", str(tmp_path / "one")], _env(), command="fact")
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = _run(torchrun(tmp_path), [*args, "--out", str(tmp_path / "two")], _env(), command="fact")
+    assert two.returncode == 0, two.stderr[-2000:]
+    for name in ("heads", "answers", "summary", "n_star", "support", "examples"):
+        a, b = (
+            pd.read_parquet(tmp_path / "one" / f"{name}.parquet"),
+            pd.read_parquet(tmp_path / "two" / f"{name}.parquet"),
+        )
+        pd.testing.assert_frame_equal(a, b, check_exact=True)
+    answers = pd.read_parquet(tmp_path / "two" / "answers.parquet")
+    assert len(answers) == 2 * 3 * 3 * 2 * 2  # conditions x amounts x examples x rankings x sizes
+    assert (
+        json.loads((tmp_path / "two" / "retrieval.json").read_text())["done"]
+        == json.loads((tmp_path / "one" / "retrieval.json").read_text())["done"]
+    )

@@ -25,11 +25,11 @@ from tl_geometry.cli.common import (
     add_out_options,
     check_out,
     load_model_and_claim,
-    locked_out,
     out_path,
     parse_ints,
     parse_names,
     resumable,
+    run_locked,
 )
 from tl_geometry.errors import TLGeometryError
 
@@ -155,17 +155,16 @@ def _options(args: argparse.Namespace) -> dict:
 
 
 def fact_command(args: argparse.Namespace) -> int:
+    """Under torchrun the units are dealt to the ranks; rank 0 alone writes the tables and the page."""
     options = _options(args)
     out = out_path(args, "retrieval run", "runs/fact")
-    with locked_out(out, args):  # before the model loads
-        return _fact(args, options)
+    return run_locked(args, out, lambda: _check_out(args, options), lambda world: _fact(args, options, out, world))
 
 
-def _fact(args: argparse.Namespace, options: dict) -> int:
-    from tl_geometry.competition.retrieval import PROGRESS_FILE, check_saved_identity, retrieval_under_competition
+def _check_out(args: argparse.Namespace, options: dict) -> Path:
+    from tl_geometry.competition.retrieval import PROGRESS_FILE, check_saved_identity
     from tl_geometry.io.checksums import verify_checksums
     from tl_geometry.io.store import StoreError
-    from tl_geometry.report.competition import write_retrieval_report
 
     out = check_out(
         args,
@@ -180,7 +179,15 @@ def _fact(args: argparse.Namespace, options: dict) -> int:
             verify_checksums(out, advice="start over with --force")
         except StoreError as exc:
             raise TLGeometryError(f"--resume: {exc}; or start over with --force") from None
-    model = load_model_and_claim(args, out)
+    return out
+
+
+def _fact(args: argparse.Namespace, options: dict, out: Path, world: Any) -> int:
+    from tl_geometry.competition.retrieval import retrieval_under_competition
+    from tl_geometry.report.competition import write_retrieval_report
+
+    main_process = world is None or world.is_main
+    model = load_model_and_claim(args, out, world)
     with resumable(args, out, f"the examples measured are saved in {out}"):
         result = retrieval_under_competition(
             model,
@@ -197,8 +204,11 @@ def _fact(args: argparse.Namespace, options: dict) -> int:
             out_dir=out,
             resume=args.resume,
             notes=options["notes"],
-            progress=not args.no_progress,
+            progress=not args.no_progress and main_process,
+            world=world,
         )
+    if not main_process:
+        return 0
     write_tables(out, result)
     page = write_retrieval_report(out, result)
     stars = result.n_star()

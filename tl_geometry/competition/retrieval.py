@@ -238,6 +238,7 @@ def retrieval_under_competition(
     resume: bool = True,
     notes: Mapping[str, Any] | None = None,
     progress: bool = True,
+    world: Any = None,
 ) -> Retrieval:
     """The support keys' rank, mass and recall at the answer query, and the candidate answer loss, against background.
 
@@ -260,6 +261,9 @@ def retrieval_under_competition(
     resume : False starts over even if ``out_dir`` holds a run.
     notes : extra entries recorded in the identity (e.g. the command's options), compared on resume.
     progress : a progress bar over the (condition, amount, example) units.
+    world : a started :class:`tl_geometry.pipeline.torchrun.World` under torchrun, or None: the
+        units are dealt to the ranks a round at a time, every rank gets every unit's rows after each
+        round (rank 0 saves them), and every rank returns the same tables as one process.
     """
     example_list = babi_examples(16, seed=0) if examples is None else check_examples(examples)
     condition_list = check_conditions(conditions)
@@ -322,69 +326,46 @@ def retrieval_under_competition(
         model, n=1, rank_by=rankings[0]
     ):  # refuses a model that ignores pattern edits, before any pass
         pass
-    store = RetrievalStore(out_dir, identity, resume)
+    main = world is None or world.is_main
+    refused, store = None, RetrievalStore(None, identity, False)
+    if main:
+        try:
+            store = RetrievalStore(out_dir, identity, resume)
+        except StoreError as exc:  # said on every rank, not only on rank 0
+            refused = str(exc)
+    if world is not None:
+        refused = world.share(refused)
+    if refused is not None:
+        raise StoreError(refused)
+    if world is not None:  # rank 0 read the saved units; every rank measures the rest
+        store.done = world.share(store.done)
+        store.heads, store.answers = world.share((store.heads, store.answers))
     device = model_device(model)
     # every condition of one amount before the next amount: an interrupted run holds comparable points
     units = [(c, m, i) for m in sizes for c in condition_list for i in range(len(example_list))]
-    bar = tqdm(total=len(units), initial=len(store.done), desc="retrieval", unit="example", disable=not progress)
-    for condition, m, i in units:
-        if store.is_done(condition, m, i):
-            continue
-        fact, question, firsts, answer = encoded[i]
-        ids = bos + fact + sep + fillers[(condition, i)][:m] + sep + question
-        tokens = torch.tensor([ids], dtype=torch.int64, device=device)
-        q, first_tokens = len(ids) - 1, torch.tensor(firsts)
-        support = torch.arange(len(bos), len(bos) + len(fact))
-        rows: dict[int, torch.Tensor] = {}
-        keep_rows = query_rows_hook(rows, torch.tensor([q]))
-        head_rows, answer_rows = [], []
-        with torch.inference_mode():
-            hooks = [(hook_pattern_name(layer), keep_rows) for layer in range(info.n_layers)]
-            logits = last_logits(model, tokens, 1, hooks)[0, -1].cpu()
-            loss_full, correct_full = candidate_scores(logits, first_tokens, answer)
-            stacked = torch.stack([rows[layer][0] for layer in range(info.n_layers)])  # [layer, head, key]
-            measures = support_measures(stacked[..., : q + 1], support, top)
-            for layer in range(info.n_layers):
-                for head in range(info.n_heads):
-                    head_rows.append(
-                        {
-                            "condition": condition,
-                            "amount": m,
-                            "example_id": i,
-                            "layer": layer,
-                            "head": head,
-                            **{name: float(value[layer, head]) for name, value in measures.items()},
-                            "n_support": len(support),
-                            "n_keys": q + 1,
-                            "top": top,
-                        }
-                    )
-            for rank_by, n in ((r, n) for r in rankings for n in n_list):
-                if n >= len(ids):  # every query keeps all its keys
-                    loss, correct = loss_full, correct_full
-                else:
-                    with top_n_attention(model, n=n, rank_by=rank_by, renormalize=renormalize, seed=seed):
-                        loss, correct = candidate_scores(
-                            last_logits(model, tokens, 1)[0, -1].cpu(), first_tokens, answer
-                        )
-                answer_rows.append(
-                    {
-                        "condition": condition,
-                        "amount": m,
-                        "example_id": i,
-                        "rank_by": rank_by,
-                        "renormalize": renormalize,
-                        "n": n,
-                        "answer_loss": loss,
-                        "correct": correct,
-                        "answer_loss_full": loss_full,
-                        "correct_full": correct_full,
-                        "delta_loss": loss - loss_full,
-                        "n_keys": q + 1,
-                    }
-                )
-        store.add(condition, m, i, head_rows, answer_rows)
-        bar.update()
+    pending = [u for u in units if not store.is_done(*u)]
+    bar = tqdm(
+        total=len(units),
+        initial=len(units) - len(pending),
+        desc="retrieval",
+        unit="example",
+        disable=not progress or not main,
+    )
+    size, rank = (1, 0) if world is None else (world.size, world.rank)
+    for start in range(0, len(pending), size):  # one round: a unit per rank, then every rank's rows saved
+        mine = pending[start + rank] if start + rank < len(pending) else None
+        rows = None
+        if mine is not None:
+            condition, m, i = mine
+            fact, question, firsts, answer = encoded[i]
+            ids = bos + fact + sep + fillers[(condition, i)][:m] + sep + question
+            unit = RetrievalUnit(condition, m, i, ids, range(len(bos), len(bos) + len(fact)), firsts, answer)
+            rows = measure_unit(model, info, unit, device, rankings, n_list, renormalize, seed, top)
+        measured = [(mine, rows)] if world is None else world.all_gather((mine, rows))
+        for done, unit_rows in measured:
+            if done is not None:
+                store.add(*done, *unit_rows)
+                bar.update()
     bar.close()
     examples_table = pd.DataFrame(
         [
@@ -405,6 +386,82 @@ def retrieval_under_competition(
         ignore_index=True,
     )
     return Retrieval(heads=heads, answers=answers, examples=examples_table, config=identity)
+
+
+@dataclass(frozen=True)
+class RetrievalUnit:
+    """One (condition, amount, example): its token ids ``BOS, F, sep, G_m, sep, Q``, the fact's
+    positions, the candidates' first tokens and the answer's index among them."""
+
+    condition: str
+    amount: int
+    example_id: int
+    ids: list[int]
+    support: range
+    first_tokens: list[int]
+    answer: int
+
+
+def measure_unit(
+    model: Any,
+    info: Any,
+    unit: RetrievalUnit,
+    device: Any,
+    rankings: Sequence[str],
+    n_list: Sequence[int],
+    renormalize: bool,
+    seed: int,
+    top: int,
+) -> tuple[list[dict], list[dict]]:
+    """The head rows (support measures at the answer query) and answer rows (candidate loss per
+    ranking and ``N``) of one unit: one pass of the full model, one per (ranking, ``N < L``)."""
+    tokens = torch.tensor([unit.ids], dtype=torch.int64, device=device)
+    q, first_tokens, answer = len(unit.ids) - 1, torch.tensor(unit.first_tokens), unit.answer
+    support = torch.arange(unit.support.start, unit.support.stop)
+    keys = {"condition": unit.condition, "amount": unit.amount, "example_id": unit.example_id}
+    rows: dict[int, torch.Tensor] = {}
+    keep_rows = query_rows_hook(rows, torch.tensor([q]))
+    head_rows, answer_rows = [], []
+    with torch.inference_mode():
+        hooks = [(hook_pattern_name(layer), keep_rows) for layer in range(info.n_layers)]
+        logits = last_logits(model, tokens, 1, hooks)[0, -1].cpu()
+        loss_full, correct_full = candidate_scores(logits, first_tokens, answer)
+        stacked = torch.stack([rows[layer][0] for layer in range(info.n_layers)])  # [layer, head, key]
+        measures = support_measures(stacked[..., : q + 1], support, top)
+        for layer in range(info.n_layers):
+            for head in range(info.n_heads):
+                head_rows.append(
+                    {
+                        **keys,
+                        "layer": layer,
+                        "head": head,
+                        **{name: float(value[layer, head]) for name, value in measures.items()},
+                        "n_support": len(support),
+                        "n_keys": q + 1,
+                        "top": top,
+                    }
+                )
+        for rank_by, n in ((r, n) for r in rankings for n in n_list):
+            if n >= len(unit.ids):  # every query keeps all its keys
+                loss, correct = loss_full, correct_full
+            else:
+                with top_n_attention(model, n=n, rank_by=rank_by, renormalize=renormalize, seed=seed):
+                    loss, correct = candidate_scores(last_logits(model, tokens, 1)[0, -1].cpu(), first_tokens, answer)
+            answer_rows.append(
+                {
+                    **keys,
+                    "rank_by": rank_by,
+                    "renormalize": renormalize,
+                    "n": n,
+                    "answer_loss": loss,
+                    "correct": correct,
+                    "answer_loss_full": loss_full,
+                    "correct_full": correct_full,
+                    "delta_loss": loss - loss_full,
+                    "n_keys": q + 1,
+                }
+            )
+    return head_rows, answer_rows
 
 
 class RetrievalStore:
@@ -477,10 +534,12 @@ __all__ = [
     "PROGRESS_FILE",
     "Retrieval",
     "RetrievalStore",
+    "RetrievalUnit",
     "check_conditions",
     "check_saved_identity",
     "check_top",
     "competitor_tokens",
+    "measure_unit",
     "read_progress",
     "retrieval_settings",
     "retrieval_under_competition",
