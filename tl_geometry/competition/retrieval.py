@@ -354,7 +354,7 @@ def retrieval_under_competition(
     size, rank = (1, 0) if world is None else (world.size, world.rank)
     for start in range(0, len(pending), size):  # one round: a unit per rank, then every rank's rows saved
         mine = pending[start + rank] if start + rank < len(pending) else None
-        rows = None
+        rows: tuple[list[dict], list[dict]] | None = None
         if mine is not None:
             condition, m, i = mine
             fact, question, firsts, answer = encoded[i]
@@ -363,7 +363,7 @@ def retrieval_under_competition(
             rows = measure_unit(model, info, unit, device, rankings, n_list, renormalize, seed, top)
         measured = [(mine, rows)] if world is None else world.all_gather((mine, rows))
         for done, unit_rows in measured:
-            if done is not None:
+            if done is not None and unit_rows is not None:
                 store.add(*done, *unit_rows)
                 bar.update()
     bar.close()
