@@ -72,6 +72,39 @@ def test_no_module_imports_a_private_name_from_another_module() -> None:
     assert offences == []
 
 
+#: The separability engine's modules, and the names a module above ``core/`` may take from them: the
+#: layer's one door, the per-row API, the helpers' switch between their compiled and torch passes,
+#: a compiled running sum other tables share and the sizes the memory budget counts.
+ENGINE_MODULES = {
+    "tl_geometry.core.batched": set(),
+    "tl_geometry.core.dispatch": {"AVAILABLE", "KERNELS", "check_kernel", "use_compiled"},
+    "tl_geometry.core.fused": {"grid_sums"},
+    "tl_geometry.core.fused_rows": set(),
+    "tl_geometry.core.layer": {"separability_of_layer"},
+    "tl_geometry.core.query_engine": {"QueryRows"},
+    "tl_geometry.core.screening": set(),
+    "tl_geometry.core.separability": {
+        "ORDER_BYTES_PER_KEY",
+        "Separability",
+        "precision_recall_at_radius",
+        "separability",
+    },
+}
+
+
+def test_nothing_above_core_chooses_a_separability_engine() -> None:
+    """Issue 45: one module decides the route (``core/dispatch.py``); above ``core/`` a caller goes
+    through the layer's door (``separability_of_layer``) or the per-row API, never a pipeline."""
+    offences = []
+    for module, path in _modules():
+        if module.startswith("tl_geometry.core"):
+            continue
+        for source, name in _imports(path, module):
+            if source in ENGINE_MODULES and name not in ENGINE_MODULES[source]:
+                offences.append(f"{module} imports {name or 'the module'} from {source}")
+    assert offences == []
+
+
 def test_the_layers_contract_names_every_part_of_the_package() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
     layers = next(c for c in config["contracts"] if c["type"] == "layers")["layers"]

@@ -22,7 +22,6 @@ Two kinds exist. *Accumulators* (:class:`~tl_geometry.diagnostics.DiagnosticsObs
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -33,9 +32,8 @@ from torch import Tensor
 import tl_geometry.core.metrics as core_metrics
 from tl_geometry.capture.hooks import LayerBatch
 from tl_geometry.capture.tables import KEY_COLUMNS, empty_table, head_rows_table, query_rows_table
-from tl_geometry.core.dispatch import blocks_of_queries
+from tl_geometry.core.layer import separability_of_layer
 from tl_geometry.core.layouts import values_per_head
-from tl_geometry.core.query_engine import separability_queries
 from tl_geometry.core.rankings import (
     DEFAULT_N_RANDOM,
     check_distance,
@@ -44,8 +42,7 @@ from tl_geometry.core.rankings import (
     check_seed,
     row_keys,
 )
-from tl_geometry.core.separability import separability_rankings
-from tl_geometry.core.sizes import NsLike, clip_ns
+from tl_geometry.core.sizes import NsLike
 from tl_geometry.errors import InputError
 from tl_geometry.models import ModelInfo
 
@@ -236,91 +233,43 @@ class SeparabilityObserver(RowMetricsObserver):
         }
 
     def observe(self, batch: LayerBatch) -> None:
-        """Add the rows of one layer of one forward pass, one block per ranking.
+        """Add the rows of one layer of one forward pass.
 
-        Many query positions (:func:`tl_geometry.core.dispatch.blocks_of_queries`) are computed together by
-        :func:`tl_geometry.core.query_engine.separability_queries`; the rows are the same, in the same
-        order: the key order of the results (per sequence, head and query position: per ranking and
+        :func:`tl_geometry.core.layer.separability_of_layer` computes every chosen query row of the
+        layer (it decides how, :func:`tl_geometry.core.dispatch.plan_layer`); each row is cut to the
+        keys its query sees (on a sliding-window layer of ``W`` keys, ``q - W + 1..q``). The rows come
+        in the key order of the results (per sequence, head and query position: per ranking and
         ``N``), so that the final sort of millions of rows finds them in order.
-
-        On a sliding-window layer, the queries whose window cuts keys off (``q >= W``) go one at a
-        time, each row cut to the ``W`` keys it sees; the block engine takes the others.
         """
-        firsts = [self.info.first_visible_key(batch.layer, q) for q in batch.query_positions]
-        cut = [qi for qi, first in enumerate(firsts) if first > 0]
-        whole = [qi for qi, first in enumerate(firsts) if first == 0]
-        tables = []
-        if blocks_of_queries(len(whole)):
-            tables.extend(self._query_tables(batch, whole))
-        else:
-            cut = sorted(cut + whole)
-        tables.extend(self._row_tables(batch, cut))
-        self.chunks.append(_in_key_order(tables))
-
-    def _row_tables(self, batch: LayerBatch, indices: list[int]) -> list[pd.DataFrame]:
-        """The tables of the query rows ``indices`` of ``batch``, one row at a time
-        (:func:`~tl_geometry.core.separability.separability_rankings`)."""
-        values = values_per_head(batch.values, self.kv_head_of)  # [b, h, L, d]
-        heads = torch.arange(values.shape[1], device=batch.seq_ids.device)
-        tables = []
-        for qi in indices:
-            q = batch.query_positions[qi]
-            first = self.info.first_visible_key(batch.layer, q)
-            weights, row_values = batch.weights[:, :, qi, first : q + 1], values[:, :, first : q + 1]
-            keys = row_keys(seq=batch.seq_ids[:, None], layer=batch.layer, head=heads[None, :], query_pos=q)
-            results = separability_rankings(  # the rows are cut to the keys their query sees already
-                weights,
-                row_values,
-                clip_ns(self.ns, q + 1),
-                self.rank_by,
-                distance=self.distance,
-                n_random=self.n_random,
-                seed=self.seed,
-                row_keys=keys.to(weights.device),
-                kernel=self.kernel,
-            )
-            for res in results.values():
-                tables.append(head_rows_table(batch, q, res.ns, self.kv_head_of, self._columns(res)))
-        return tables
-
-    def _query_tables(self, batch: LayerBatch, indices: list[int]) -> list[pd.DataFrame]:
-        """The tables of the query rows ``indices`` of ``batch``, whose queries see every earlier key,
-        all at once (:func:`~tl_geometry.core.query_engine.separability_queries`)."""
-        if len(indices) < len(batch.query_positions):
-            chosen = torch.tensor(indices, dtype=torch.int64, device=batch.weights.device)
-            batch = replace(
-                batch,
-                query_positions=tuple(batch.query_positions[qi] for qi in indices),
-                weights=batch.weights.index_select(2, chosen),
-            )
+        queries = batch.query_positions
         heads = torch.arange(batch.weights.shape[1])
-        positions = torch.tensor(batch.query_positions, dtype=torch.int64)
         keys = row_keys(
             seq=batch.seq_ids.cpu()[:, None, None],
             layer=batch.layer,
             head=heads[None, :, None],
-            query_pos=positions[None, None, :],
+            query_pos=torch.tensor(queries, dtype=torch.int64)[None, None, :],
         )
-        tables = []
-        for rank_by in self.rank_by:
-            res = separability_queries(
-                batch.weights,
-                batch.values,
-                batch.query_positions,
-                self.kv_head_of,
-                self.ns,
-                rank_by=rank_by,
-                distance=self.distance,
-                n_random=self.n_random,
-                seed=self.seed,
-                row_keys=keys.to(batch.weights.device),
-                kernel=self.kernel,
+        results = separability_of_layer(
+            batch.weights,
+            batch.values,
+            queries,
+            self.kv_head_of,
+            [self.info.first_visible_key(batch.layer, q) for q in queries],
+            self.ns,
+            self.rank_by,
+            distance=self.distance,
+            n_random=self.n_random,
+            seed=self.seed,
+            row_keys=keys.to(batch.weights.device),
+            kernel=self.kernel,
+        )
+        tables = [
+            query_rows_table(
+                batch.seq_ids, batch.layer, queries, res.ns, res.valid, self.kv_head_of, self._columns(res)
             )
-            queries, columns = batch.query_positions, self._columns(res)
-            tables.append(
-                query_rows_table(batch.seq_ids, batch.layer, queries, res.ns, res.valid, self.kv_head_of, columns)
-            )
-        return tables
+            for res in results.values()
+        ]
+        self.chunks.append(_in_key_order(tables))
 
     def _columns(self, res: Any) -> dict[str, Any]:
         """The columns after the keys of a table of ``res``: the ranking, the metrics and local

@@ -7,6 +7,7 @@ No model, no files: tensors in, tensors out. Everything above this layer builds 
 * :mod:`~tl_geometry.core.ranking_checks` — the rankings and distances by name, their checks (no torch);
 * :mod:`~tl_geometry.core.sizes` — the grids of selection sizes ``N``;
 * :mod:`~tl_geometry.core.dispatch` — which separability route runs (device x kernel), in one place;
+* :mod:`~tl_geometry.core.layer` — the engine's one door for a layer of a forward pass;
 * :mod:`~tl_geometry.core.separability` — precision, recall and F-scores of one row per call;
 * :mod:`~tl_geometry.core.query_engine` — the same for every query position of a window at once;
 * :mod:`~tl_geometry.core.batched` — the device route: a layer in a fixed number of tensor operations;

@@ -1,4 +1,5 @@
-"""Which separability route runs: the one place that decides, from the device and the kernel asked for.
+"""Which separability route runs: the one place that decides, from the device and the kernel asked for,
+and which query rows of a layer go to the block pipeline together (:func:`plan_layer`).
 
 Two routes compute the same metrics (docs/engine.md, "Which route runs where"):
 
@@ -18,6 +19,9 @@ nothing above ``core/`` chooses a route.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -67,9 +71,9 @@ def route(device: torch.device, kernel: str | None) -> str:
     return "numba"
 
 
-#: From this many query positions of a layer on, they are computed together
-#: (:func:`tl_geometry.core.query_engine.separability_queries`: same rows, faster); fewer one
-#: position at a time (:func:`tl_geometry.core.separability.separability_rankings`).
+#: From this many query positions of a layer on, those whose query sees every earlier key are
+#: computed together (:func:`tl_geometry.core.query_engine.separability_queries`: same rows, faster);
+#: fewer one position at a time (:func:`tl_geometry.core.separability.separability_rankings`).
 MIN_QUERIES_FOR_BLOCKS = 2
 
 
@@ -80,6 +84,38 @@ def blocks_of_queries(n_queries: int) -> bool:
     (False, True)
     """
     return n_queries >= MIN_QUERIES_FOR_BLOCKS
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """How :func:`tl_geometry.core.layer.separability_of_layer` computes the query rows of a layer.
+
+    Attributes
+    ----------
+    blocks : the indices of the query positions computed together by the block pipeline
+        (:func:`tl_geometry.core.query_engine.separability_queries`), in order.
+    rows : the indices of those computed one position at a time, each row cut to the keys its query
+        sees (:func:`tl_geometry.core.separability.separability_rankings`), in order.
+    """
+
+    blocks: tuple[int, ...]
+    rows: tuple[int, ...]
+
+
+def plan_layer(first_keys: Sequence[int]) -> LayerPlan:
+    """The plan of a layer whose query ``j`` sees the keys from ``first_keys[j]`` on (0: every key
+    up to the query; more on a sliding-window layer whose window cuts keys off).
+
+    The queries that see every earlier key go to the block pipeline together when there are at least
+    :data:`MIN_QUERIES_FOR_BLOCKS` of them; the others, and all of them when fewer, one at a time.
+
+    >>> plan_layer([0]), plan_layer([0, 0, 0, 2])
+    (LayerPlan(blocks=(), rows=(0,)), LayerPlan(blocks=(0, 1, 2), rows=(3,)))
+    """
+    whole = tuple(j for j, first in enumerate(first_keys) if first == 0)
+    if blocks_of_queries(len(whole)):
+        return LayerPlan(blocks=whole, rows=tuple(j for j, first in enumerate(first_keys) if first != 0))
+    return LayerPlan(blocks=(), rows=tuple(range(len(first_keys))))
 
 
 def use_compiled(compiled: bool | None, x: Tensor, *, float64: bool = False, reference: str = "torch") -> bool:
@@ -103,10 +139,12 @@ def use_compiled(compiled: bool | None, x: Tensor, *, float64: bool = False, ref
 __all__ = [
     "AVAILABLE",
     "KERNELS",
+    "LayerPlan",
     "MIN_QUERIES_FOR_BLOCKS",
     "ROUTES",
     "blocks_of_queries",
     "check_kernel",
+    "plan_layer",
     "route",
     "use_compiled",
 ]
