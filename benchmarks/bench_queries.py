@@ -106,7 +106,7 @@ def main() -> None:
     allocator = allocator_line(args.keep_freed_memory)
 
     torch.set_num_threads(args.threads)  # after the import: a count the package takes as the user's
-    from tl_geometry.core import dispatch, query_engine
+    from tl_geometry.core.engine import dispatch, query_engine
 
     @contextmanager
     def screen_dtype(screen: torch.dtype, gram: bool) -> Iterator[None]:

@@ -41,7 +41,7 @@ def main() -> None:
     from captured_layers import smollm2_layers
     from roofline import best_of, cpu_line
 
-    from tl_geometry.core.query_engine import separability_queries
+    from tl_geometry.core.engine.query_engine import separability_queries
 
     info, captured = smollm2_layers(args.layers, args.seq_len)
     print(cpu_line())
@@ -83,7 +83,7 @@ def routes(layer, weights, values, queries, kv_head_of, how, args) -> None:
     """The routes of the products on one layer, alternating, in one process: best and median seconds."""
     import statistics
 
-    from tl_geometry.core.query_engine import separability_queries
+    from tl_geometry.core.engine.query_engine import separability_queries
 
     run = partial(separability_queries, weights, values, queries, kv_head_of, "log", **how)
     seconds: dict[str, list[float]] = {route: [] for route in args.products}

@@ -7,7 +7,7 @@ set -euo pipefail
 PY="${1:-python}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU here'; print(torch.cuda.get_device_name())"
-"$PY" -m pytest -q -p no:cacheprovider tests/core/test_engines_cuda.py tests/core/test_batched.py \
+"$PY" -m pytest -q -p no:cacheprovider tests/core/engine/test_engines_cuda.py tests/core/engine/test_batched.py \
     tests/intervention/test_intervention_cuda.py tests/pipeline/test_analyze_cuda.py
 cd benchmarks
 "$PY" bench_gpu.py --device cuda --shapes smollm2,7b --seq-len 1024 --query-len 512

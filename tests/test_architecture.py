@@ -72,35 +72,36 @@ def test_no_module_imports_a_private_name_from_another_module() -> None:
     assert offences == []
 
 
-#: The separability engine's modules, and the names a module above ``core/`` may take from them: the
-#: layer's one door, the per-row API, the helpers' switch between their compiled and torch passes,
-#: a compiled running sum other tables share and the sizes the memory budget counts.
+#: The separability engine's modules (``core/engine/``), and the names a module above ``core/`` may
+#: take from them: the layer's one door, the kernels a user may name, the result types, a compiled
+#: running sum other tables share and the size the memory budget counts.
 ENGINE_MODULES = {
-    "tl_geometry.core.batched": set(),
-    "tl_geometry.core.dispatch": {"AVAILABLE", "KERNELS", "check_kernel", "use_compiled"},
-    "tl_geometry.core.fused": {"grid_sums"},
-    "tl_geometry.core.fused_rows": set(),
-    "tl_geometry.core.layer": {"separability_of_layer"},
-    "tl_geometry.core.query_engine": {"QueryRows"},
-    "tl_geometry.core.screening": set(),
-    "tl_geometry.core.separability": {
-        "ORDER_BYTES_PER_KEY",
-        "Separability",
-        "precision_recall_at_radius",
-        "separability",
-    },
+    "tl_geometry.core.engine": set(),
+    "tl_geometry.core.engine.batched": set(),
+    "tl_geometry.core.engine.dispatch": {"KERNELS", "check_kernel"},
+    "tl_geometry.core.engine.fused": {"grid_sums"},
+    "tl_geometry.core.engine.fused_rows": set(),
+    "tl_geometry.core.engine.layer": {"separability_of_layer"},
+    "tl_geometry.core.engine.query_engine": {"QueryRows"},
+    "tl_geometry.core.engine.rows": {"ORDER_BYTES_PER_KEY", "Separability"},
+    "tl_geometry.core.engine.screening": set(),
 }
 
 
 def test_nothing_above_core_chooses_a_separability_engine() -> None:
-    """Issue 45: one module decides the route (``core/dispatch.py``); above ``core/`` a caller goes
-    through the layer's door (``separability_of_layer``) or the per-row API, never a pipeline."""
+    """Issue 45: one module decides the route (``core/engine/dispatch.py``); above ``core/`` a caller
+    goes through the layer's door (``separability_of_layer``) or ``core/separability.py``'s API, never
+    a pipeline; and the engine's modules are one folder, ``core/engine/``."""
+    engine = {f"tl_geometry.core.{p.stem}" for p in (PACKAGE / "core").glob("*.py")}
+    assert not engine & {f"tl_geometry.core.{m.rpartition('.')[2]}" for m in ENGINE_MODULES}, "outside the engine"
     offences = []
     for module, path in _modules():
         if module.startswith("tl_geometry.core"):
             continue
         for source, name in _imports(path, module):
-            if source in ENGINE_MODULES and name not in ENGINE_MODULES[source]:
+            if source == "tl_geometry.core.engine" and name:
+                source, name = f"{source}.{name}", ""  # from tl_geometry.core.engine import fused
+            if source.startswith("tl_geometry.core.engine") and name not in ENGINE_MODULES.get(source, set()):
                 offences.append(f"{module} imports {name or 'the module'} from {source}")
     assert offences == []
 

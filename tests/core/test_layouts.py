@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import tl_geometry as tlg
-from tl_geometry.core.separability import radius_rows, separability_of_rows
+from tl_geometry.core.engine.rows import separability_of_rows
+from tl_geometry.core.separability import radius_rows
 from tl_geometry.errors import InputError
 
 METRICS = ["precision", "recall", "r_max", "r_min", "retained_mass", "local_error_del", "local_error_ren"]

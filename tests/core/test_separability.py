@@ -176,7 +176,7 @@ def test_several_rankings_at_once_equal_one_call_per_ranking(distance: str) -> N
     bit, the call for that ranking alone; a name given twice is measured once, in the order given."""
     from conftest import assert_bit_identical
 
-    from tl_geometry.core.separability import separability_rankings
+    from tl_geometry.core.engine.rows import separability_rankings
 
     weights, values = random_rows("sink", n_rows=3, k=40, d=5, seed=4)
     weights, values = weights.view(3, 1, 40), values.view(3, 1, 40, 5)  # a batch dimension kept
@@ -204,7 +204,7 @@ def test_value_scale_found_in_the_values_dtype_is_that_of_the_widened_values(dty
     """The rows' value exponent (largest ``|v|`` in ``[1/2, 1)`` after scaling) is found in the
     values' own dtype: the one the widened float64 values give, on rows whose largest magnitude
     is negative, and the scaled values are the widened ones times that power of two."""
-    from tl_geometry.core.separability import _ScaledRows
+    from tl_geometry.core.engine.rows import _ScaledRows
 
     g = torch.Generator().manual_seed(3)
     values = torch.randn(3, 9, 4, generator=g, dtype=torch.float64) * torch.tensor([300.0, 1.0, 1e-3])[:, None, None]

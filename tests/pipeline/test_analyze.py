@@ -356,7 +356,7 @@ def test_under_torchrun_only_rank_0_draws_the_bar(llama_bridge, monkeypatch, tmp
 
 def test_the_kernel_setting_changes_nothing_but_the_path(llama_bridge, monkeypatch) -> None:
     """kernel="torch" and "numba" give the same table, and each reaches the query engine as given."""
-    from tl_geometry.core import query_engine
+    from tl_geometry.core.engine import layer, query_engine
 
     seen = []
     engine = query_engine.separability_queries
@@ -365,7 +365,7 @@ def test_the_kernel_setting_changes_nothing_but_the_path(llama_bridge, monkeypat
         seen.append(kwargs["kernel"])
         return engine(*args, **kwargs)
 
-    monkeypatch.setattr(tl_geometry.capture.observers, "separability_queries", spy)
+    monkeypatch.setattr(layer, "separability_queries", spy)
     corpus = tlg.corpus.from_texts(TEXT, n_seqs=2, seq_len=20)
     kw = dict(query_positions="all", rank_by=("attention", "random"), n_random=3, progress=False)
     tables = {k: tlg.analyze(llama_bridge, corpus, kernel=k, **kw).separability for k in ("torch", "numba")}
@@ -378,14 +378,16 @@ def test_the_kernel_setting_changes_nothing_but_the_path(llama_bridge, monkeypat
 def test_the_kernel_setting_reaches_the_per_row_engine(llama_bridge, monkeypatch) -> None:
     """One query position goes through the per-row engine: kernel="torch" and "numba" reach it as
     given and give the same table."""
+    from tl_geometry.core.engine import layer
+
     seen = []
-    engine = tl_geometry.capture.observers.separability_rankings
+    engine = layer.separability_rankings
 
     def spy(*args, **kwargs):
         seen.append(kwargs["kernel"])
         return engine(*args, **kwargs)
 
-    monkeypatch.setattr(tl_geometry.capture.observers, "separability_rankings", spy)
+    monkeypatch.setattr(layer, "separability_rankings", spy)
     corpus = tlg.corpus.from_texts(TEXT, n_seqs=2, seq_len=20)
     kw = dict(query_positions="last", ns="all", rank_by=("attention", "random"), n_random=3, progress=False)
     tables = {k: tlg.analyze(llama_bridge, corpus, kernel=k, **kw).separability for k in ("torch", "numba")}

@@ -77,7 +77,7 @@ def _close(a, b, tol=1e-9) -> bool:
 @pytest.mark.parametrize("k", [1, 2, 3, 17])
 def test_regime_features_equal_loop_reference(k: int, compiled: bool, monkeypatch) -> None:
     # s(N) as compiled running sums (where numba imports) and as the masked product (without it)
-    monkeypatch.setattr("tl_geometry.core.dispatch.AVAILABLE", compiled)
+    monkeypatch.setattr("tl_geometry.core.compiled.AVAILABLE", compiled)
     gen = torch.Generator().manual_seed(k)
     # quantised weights: many ties, so the stable order matters
     weights = torch.randint(0, 4, (2, 3, k), generator=gen).double() / 4

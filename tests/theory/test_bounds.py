@@ -323,7 +323,7 @@ def test_compiled_passes_equal_the_torch_reference(monkeypatch, ns, dtype):
     values[2, 8] = values[2, 1]
     values[3] = values[3, :1] + 1e-7 * values[3]  # near-ties of the cosines
     got = bounds(weights, values, ns, dtype=dtype)  # float32: --analysis-dtype float32 (compiled where it can)
-    for name in ("tl_geometry.theory.bounds", "tl_geometry.theory.boundary_cosines", "tl_geometry.core.fused"):
+    for name in ("tl_geometry.theory.bounds", "tl_geometry.theory.boundary_cosines", "tl_geometry.core.engine.fused"):
         monkeypatch.setattr(importlib.import_module(name), "AVAILABLE", False)
     expected = bounds(weights, values, ns, dtype=dtype)
     assert got.precision_upper.dtype == dtype

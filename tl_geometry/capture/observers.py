@@ -32,7 +32,7 @@ from torch import Tensor
 import tl_geometry.core.metrics as core_metrics
 from tl_geometry.capture.hooks import LayerBatch
 from tl_geometry.capture.tables import KEY_COLUMNS, empty_table, head_rows_table, query_rows_table
-from tl_geometry.core.layer import separability_of_layer
+from tl_geometry.core.engine.layer import separability_of_layer
 from tl_geometry.core.layouts import values_per_head
 from tl_geometry.core.rankings import (
     DEFAULT_N_RANDOM,
@@ -182,7 +182,7 @@ class SeparabilityObserver(RowMetricsObserver):
     seed : int, default 0
         Seed of the random control.
     kernel : "auto", "numba" or "torch", default "auto"
-        The separability route, passed to the engine unchanged (:func:`tl_geometry.core.dispatch.route`
+        The separability route, passed to the engine unchanged (:func:`tl_geometry.core.engine.dispatch.route`
         decides): the compiled numba screen on the CPU where numba imports (``"auto"``), or the
         batched tensor route (``"torch"``; always on a GPU). The rows are the same.
 
@@ -235,8 +235,8 @@ class SeparabilityObserver(RowMetricsObserver):
     def observe(self, batch: LayerBatch) -> None:
         """Add the rows of one layer of one forward pass.
 
-        :func:`tl_geometry.core.layer.separability_of_layer` computes every chosen query row of the
-        layer (it decides how, :func:`tl_geometry.core.dispatch.plan_layer`); each row is cut to the
+        :func:`tl_geometry.core.engine.layer.separability_of_layer` computes every chosen query row of the
+        layer (it decides how, :func:`tl_geometry.core.engine.dispatch.plan_layer`); each row is cut to the
         keys its query sees (on a sliding-window layer of ``W`` keys, ``q - W + 1..q``). The rows come
         in the key order of the results (per sequence, head and query position: per ranking and
         ``N``), so that the final sort of millions of rows finds them in order.

@@ -88,7 +88,7 @@ def query_rows_table(
     The rows of :func:`head_rows_table` for every query position, ordered by sequence, head, query
     and ``n`` (the metrics' own layout, and the key order of the results: their final sort finds
     them in order); ``ns`` and ``valid`` (``[query, n]``) say which sizes each query has
-    (:class:`tl_geometry.core.query_engine.QueryRows`); a ``str`` or ``int`` in ``metrics`` is
+    (:class:`tl_geometry.core.engine.query_engine.QueryRows`); a ``str`` or ``int`` in ``metrics`` is
     held by every row.
 
     Examples

@@ -6,13 +6,14 @@ No model, no files: tensors in, tensors out. Everything above this layer builds 
 * :mod:`~tl_geometry.core.stable_order` — that order from numpy's vectorised sort, ties in key order;
 * :mod:`~tl_geometry.core.ranking_checks` — the rankings and distances by name, their checks (no torch);
 * :mod:`~tl_geometry.core.sizes` — the grids of selection sizes ``N``;
-* :mod:`~tl_geometry.core.dispatch` — which separability route runs (device x kernel), in one place;
-* :mod:`~tl_geometry.core.layer` — the engine's one door for a layer of a forward pass;
-* :mod:`~tl_geometry.core.separability` — precision, recall and F-scores of one row per call;
-* :mod:`~tl_geometry.core.query_engine` — the same for every query position of a window at once;
-* :mod:`~tl_geometry.core.batched` — the device route: a layer in a fixed number of tensor operations;
-* :mod:`~tl_geometry.core.screening` — the float32 screen with an exact float64 re-check;
-* :mod:`~tl_geometry.core.fused_rows` — the screen's decisions of the per-row engine, compiled;
+* :mod:`~tl_geometry.core.separability` — precision, recall and F-scores of top-``N`` selection
+  (``tlg.separability``, ``tlg.precision_recall_at_radius``);
+* :mod:`~tl_geometry.core.engine` — the separability engine, in one folder: its route decided in one
+  module (``engine.dispatch``), one door for a layer (``engine.layer``), the per-row and the block
+  pipelines (``engine.rows``, ``engine.query_engine``), the float32 screen and its compiled passes
+  (``engine.screening``, ``engine.fused_rows``, ``engine.fused``) and the device route
+  (``engine.batched``);
+* :mod:`~tl_geometry.core.compiled` — whether numba's compiled passes run here, per helper;
 * :mod:`~tl_geometry.core.numerics` — the shared numerics (accumulator dtype, exact scaling, std);
 * :mod:`~tl_geometry.core.checks` — run-time shape checks, integer tests and the rows' checks;
 * :mod:`~tl_geometry.core.layouts` — which keys a row is measured over: query positions and
@@ -31,12 +32,9 @@ from typing import TYPE_CHECKING
 from tl_geometry.lazy import lazy_names
 
 if TYPE_CHECKING:
-    from tl_geometry.core.query_engine import separability_queries
-    from tl_geometry.core.separability import (
-        PrecisionRecallAtRadius,
-        Separability,
-        precision_recall_at_radius,
-    )
+    from tl_geometry.core.engine.query_engine import separability_queries
+    from tl_geometry.core.engine.rows import Separability
+    from tl_geometry.core.separability import PrecisionRecallAtRadius, precision_recall_at_radius
     from tl_geometry.core.size_names import DEFAULT_NS
     from tl_geometry.core.sizes import log_spaced_ns, resolve_ns
 
@@ -45,11 +43,11 @@ if TYPE_CHECKING:
 HOMES = {
     "DEFAULT_NS": "tl_geometry.core.size_names",
     "PrecisionRecallAtRadius": "tl_geometry.core.separability",
-    "Separability": "tl_geometry.core.separability",
+    "Separability": "tl_geometry.core.engine.rows",
     "log_spaced_ns": "tl_geometry.core.sizes",
     "precision_recall_at_radius": "tl_geometry.core.separability",
     "resolve_ns": "tl_geometry.core.sizes",
-    "separability_queries": "tl_geometry.core.query_engine",
+    "separability_queries": "tl_geometry.core.engine.query_engine",
 }
 
 

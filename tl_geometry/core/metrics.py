@@ -6,8 +6,8 @@ One top-``N`` selection of a row, for each size ``N`` (definitions §2 and §7):
     retained_mass = sum_{i in I_N} alpha_i
     local_error_del = ||z - s(N)|| / ||z||,   local_error_ren = ||z - s(N) / M_S|| / ||z||
 
-:class:`~tl_geometry.core.separability.Separability` (one row per call) and
-:class:`~tl_geometry.core.query_engine.QueryRows` (every query of a window) extend it with their
+:class:`~tl_geometry.core.engine.rows.Separability` (one row per call) and
+:class:`~tl_geometry.core.engine.query_engine.QueryRows` (every query of a window) extend it with their
 own indexing; the row tables' columns are named after :data:`METRICS` (docs/columns.md).
 """
 

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from tl_geometry.core import stable_order
 from tl_geometry.core.checks import typechecked
-from tl_geometry.core.dispatch import AVAILABLE, use_compiled
+from tl_geometry.core.compiled import AVAILABLE, use_compiled
 from tl_geometry.core.ranking_checks import (
     DEFAULT_N_RANDOM,
     DETERMINISTIC_RANKINGS,
@@ -56,7 +56,7 @@ from tl_geometry.core.ranking_checks import (
 )
 from tl_geometry.errors import InputError
 
-if AVAILABLE:  # whether numba imports is decided once, in fused.py; without it: the tensor hash
+if AVAILABLE:  # whether numba imports is decided once, in core/compiled.py; without it: the tensor hash
     import numba
 
 #: The constant in the cosine distance ``1 - <y, s> / (||y|| ||s|| + COSINE_EPS)`` (definitions §7).

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 # whether numba imports: one copy, in fused.py
-from tl_geometry.core.dispatch import AVAILABLE
+from tl_geometry.core.compiled import AVAILABLE
 
 if AVAILABLE:
     import numba

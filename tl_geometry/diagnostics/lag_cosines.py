@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tl_geometry.core.dispatch import AVAILABLE, use_compiled
+from tl_geometry.core.compiled import AVAILABLE, use_compiled
 from tl_geometry.core.moments import Moments
 
-if AVAILABLE:  # whether numba imports is decided once, in core/fused.py
+if AVAILABLE:  # whether numba imports is decided once, in core/compiled.py
     import numba
 
 #: Smallest block: tiny matrix products waste more time in overhead than they save.

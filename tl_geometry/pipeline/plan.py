@@ -11,7 +11,7 @@ from torch import Tensor
 from tl_geometry.capture.cached import CachedActivations
 from tl_geometry.capture.hooks import model_device
 from tl_geometry.capture.padding import find_padding
-from tl_geometry.core.separability import ORDER_BYTES_PER_KEY
+from tl_geometry.core.engine.rows import ORDER_BYTES_PER_KEY
 from tl_geometry.corpus import as_corpus, corpus_tokens
 from tl_geometry.errors import InputError
 from tl_geometry.io.store import run_identity

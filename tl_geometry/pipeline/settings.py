@@ -237,7 +237,7 @@ class AnalysisSettings:
             check_kernel,
             identity=False,
             type=" or ".join(f'"{k}"' for k in KERNELS),
-            doc='Which separability route runs (tl_geometry.core.dispatch). ``"auto"`` takes the compiled numba '
+            doc='Which separability route runs (tl_geometry.core.engine.dispatch). ``"auto"`` takes the compiled numba '
             'screen on the CPU where numba is installed, else the batched tensor route; ``"numba"`` insists on '
             'the compiled screen; ``"torch"`` takes the batched route (what a GPU always runs). The counts are '
             "the same and the radii equal to rounding.",

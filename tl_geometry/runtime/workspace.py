@@ -44,7 +44,7 @@ class Workspace(threading.local):
         return buffer[:numel].view(shape)
 
 
-#: The work tensors of the per-row engine (:mod:`~tl_geometry.core.screening`,
+#: The work tensors of the per-row engine (:mod:`~tl_geometry.core.engine.screening`,
 #: :mod:`~tl_geometry.core.separability`); each caller uses its own names.
 WORKSPACE = Workspace()
 

@@ -19,7 +19,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_geometry.core.checks import check_row_inputs, typechecked
-from tl_geometry.core.fused import grid_sums
+from tl_geometry.core.engine.fused import grid_sums
 from tl_geometry.core.layouts import causal_rows, pack_rows
 from tl_geometry.core.numerics import sink_cosine_sums, unit_vectors
 from tl_geometry.core.rankings import selection_order

@@ -19,9 +19,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from tl_geometry.core.dispatch import AVAILABLE
+from tl_geometry.core.compiled import AVAILABLE
 
-if AVAILABLE:  # whether numba imports is decided once, in fused.py; without it: the torch bookkeeping
+if AVAILABLE:  # whether numba imports is decided once, in core/compiled.py; without it: the torch bookkeeping
     import numba
 
 #: Slack of the float32 screen, in units of float32 epsilon, on top of ``d``.

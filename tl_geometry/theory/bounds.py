@@ -26,15 +26,15 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.core.checks import all_finite, check_row_inputs, typechecked
-from tl_geometry.core.dispatch import AVAILABLE, use_compiled
-from tl_geometry.core.fused import grid_sums
+from tl_geometry.core.compiled import AVAILABLE, use_compiled
+from tl_geometry.core.engine.fused import grid_sums
 from tl_geometry.core.layouts import causal_rows, pack_rows
 from tl_geometry.core.rankings import selection_order
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, resolve_ns
 from tl_geometry.errors import InputError
 from tl_geometry.theory.boundary_cosines import bucket_max_matrix, rho_out_from_buckets, rho_out_measured
 
-if AVAILABLE:  # whether numba imports is decided once, in fused.py; without it: torch.searchsorted
+if AVAILABLE:  # whether numba imports is decided once, in core/compiled.py; without it: torch.searchsorted
     import numba
 
 #: Working-set size of one block of ``[rows, sizes, keys]`` tensors (a tuning knob only).

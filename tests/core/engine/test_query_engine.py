@@ -19,8 +19,8 @@ from reference import row_metrics
 
 import tl_geometry as tlg
 from tl_geometry.capture import observers
-from tl_geometry.core import dispatch
-from tl_geometry.core.query_engine import SCREEN_DTYPE, separability_queries
+from tl_geometry.core.engine import dispatch
+from tl_geometry.core.engine.query_engine import SCREEN_DTYPE, separability_queries
 from tl_geometry.core.rankings import row_keys
 from tl_geometry.core.sizes import resolve_ns
 from tl_geometry.errors import InputError

@@ -4,7 +4,7 @@ For every batch ``b`` (row and draw) and size ``N`` of a block, the screen's pro
 upper bound ``P_t`` of each position's screening value ``E_t = ||y_t||^2 - 2 <y_t, s(N)>`` in
 selection order; the lower bound is ``M_t = P_t - 2 ||s|| band_t - band2_t`` (``M = P`` for the
 cosine distance). Two passes over ``P`` replace the ~20 tensor passes of the torch decisions
-(:mod:`tl_geometry.core.screening`, docs/engine.md):
+(:mod:`tl_geometry.core.engine.screening`, docs/engine.md):
 
 * :func:`extremes`: ``i* = argmax_{t < N} M_t`` and ``j* = argmin_{t >= N} P_t``;
 * :func:`counts`: with the thresholds ``lo``, ``hi`` around ``D_{i*}`` and ``D_{j*}`` (direct
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 # whether numba imports: one copy, in dispatch.py
-from tl_geometry.core.dispatch import AVAILABLE
+from tl_geometry.core.compiled import AVAILABLE
 
 if AVAILABLE:  # a broken install falls back to the torch decisions
     import numba

@@ -13,7 +13,7 @@ from reference import row_separability
 from test_separability import random_rows
 
 import tl_geometry as tlg
-from tl_geometry.core import screening
+from tl_geometry.core.engine import screening
 from tl_geometry.core.rankings import COSINE_EPS, ranking_scores, selection_order
 
 DISTANCES = ["euclidean", "cosine"]

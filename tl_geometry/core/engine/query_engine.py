@@ -39,10 +39,11 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_geometry.core import fused
-from tl_geometry.core.batched import layer_metrics
 from tl_geometry.core.checks import check_row_inputs, typechecked
-from tl_geometry.core.dispatch import route
+from tl_geometry.core.engine import fused
+from tl_geometry.core.engine.batched import layer_metrics
+from tl_geometry.core.engine.dispatch import route
+from tl_geometry.core.engine.screening import SCREEN_DTYPE  # the screen's dtype by default: one for both
 from tl_geometry.core.metrics import COMPUTED_METRICS, METRICS, SeparabilityMetrics
 from tl_geometry.core.numerics import cosine_distance, local_errors, pow2, scale_exponents, times_pow2
 from tl_geometry.core.rankings import (
@@ -56,7 +57,6 @@ from tl_geometry.core.rankings import (
     selection_order,
     uniform_scores,
 )
-from tl_geometry.core.screening import SCREEN_DTYPE  # the screen's dtype when none is given: one for both engines
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, clip_ns, resolve_ns
 from tl_geometry.errors import InputError
 
@@ -240,7 +240,7 @@ def _batched(
     seed: int,
     row_keys: Tensor | None,
 ) -> QueryRows:
-    """:func:`separability_queries` on the batched route (:func:`tl_geometry.core.batched.layer_metrics`)."""
+    """:func:`separability_queries` on the batched route (:func:`tl_geometry.core.engine.batched.layer_metrics`)."""
     device, n_seen = weights.device, max(queries) + 1  # the keys some row sees
     weights, values = weights[..., :n_seen], values[:, :n_seen]
     q_t = torch.tensor(queries, dtype=torch.int64, device=device)
@@ -376,7 +376,7 @@ class _Grid:
     """Each query's selection sizes, padded to the longest grid with ``N = K`` (valid = False).
 
     The engine works on each grid sorted (``ascending``: the running sums of the centres,
-    :func:`tl_geometry.core.fused.prefix_sums`, need non-decreasing sizes); ``unsort`` [query, G] puts a result back in the given order (None when every grid is
+    :func:`tl_geometry.core.engine.fused.prefix_sums`, need non-decreasing sizes); ``unsort`` [query, G] puts a result back in the given order (None when every grid is
     sorted already, as ``"log"`` and ``"all"`` are)."""
 
     ns: Tensor  # [query, G] int64

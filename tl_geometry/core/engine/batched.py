@@ -1,6 +1,6 @@
 """The batched separability route: every head, row, draw and size of a layer in a fixed number of tensor operations.
 
-The route a GPU runs (and the CPU with ``kernel="torch"``; :mod:`tl_geometry.core.dispatch`).
+The route a GPU runs (and the CPU with ``kernel="torch"``; :mod:`tl_geometry.core.engine.dispatch`).
 For each row (one query of one head, one ranking draw), with its keys in selection order::
 
     y_t = alpha_t v_t                      contributions, sorted by score (one stable sort)
@@ -30,10 +30,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from tl_geometry.core.engine.screening import direct_distances
 from tl_geometry.core.metrics import COMPUTED_METRICS
 from tl_geometry.core.numerics import local_errors, pow2, scale_exponents
 from tl_geometry.core.rankings import COSINE_EPS, default_row_keys, ranking_scores, uniform_bits
-from tl_geometry.core.screening import direct_distances
 
 #: Cells (rows x sizes x keys x d) of one chunk when the caller gives no hint, by device type:
 #: 2^24 float64 (128 MiB) on a CPU, 2^28 (2 GiB) on a GPU, where fewer, larger operations pay.
@@ -76,7 +76,7 @@ def layer_metrics(
     output_in_key_order : bool
         Add the row's output ``z`` of the local errors in key order (as
         :func:`tl_geometry.core.separability.separability` does) rather than as ``s(K)`` in
-        selection order (as :func:`tl_geometry.core.query_engine.separability_queries` does): the
+        selection order (as :func:`tl_geometry.core.engine.query_engine.separability_queries` does): the
         same number to rounding, each bit for bit that of its compiled route.
 
     Returns

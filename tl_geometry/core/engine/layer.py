@@ -1,10 +1,10 @@
 """``separability_of_layer``: the separability engine's one door for a layer of a forward pass.
 
 A layer batch is the attention rows of some query positions, every head and window of a batch, with
-the layer's values. :func:`tl_geometry.core.dispatch.plan_layer` decides which rows go to the block
-pipeline together (:func:`~tl_geometry.core.query_engine.separability_queries`) and which one at a
-time, cut to the keys their query sees (:func:`~tl_geometry.core.separability.separability_rankings`);
-this module runs that plan and returns every row as one :class:`~tl_geometry.core.query_engine.QueryRows`
+the layer's values. :func:`tl_geometry.core.engine.dispatch.plan_layer` decides which rows go to the block
+pipeline together (:func:`~tl_geometry.core.engine.query_engine.separability_queries`) and which one at a
+time, cut to the keys their query sees (:func:`~tl_geometry.core.engine.rows.separability_rankings`);
+this module runs that plan and returns every row as one :class:`~tl_geometry.core.engine.query_engine.QueryRows`
 per ranking, the query positions in the order given. Callers above ``core/`` (the observers) call
 this and nothing else: they never choose an engine.
 
@@ -26,12 +26,12 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.core.checks import typechecked
-from tl_geometry.core.dispatch import plan_layer
+from tl_geometry.core.engine.dispatch import plan_layer
+from tl_geometry.core.engine.query_engine import QueryRows, separability_queries
+from tl_geometry.core.engine.rows import Separability, separability_rankings
 from tl_geometry.core.layouts import values_per_head
 from tl_geometry.core.metrics import METRICS
-from tl_geometry.core.query_engine import QueryRows, separability_queries
 from tl_geometry.core.rankings import DEFAULT_N_RANDOM, check_rankings
-from tl_geometry.core.separability import Separability, separability_rankings
 from tl_geometry.core.sizes import DEFAULT_NS, NsLike, clip_ns
 from tl_geometry.errors import InputError
 

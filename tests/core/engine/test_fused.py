@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_query_engine import kv_heads, layer_rows
 
-from tl_geometry.core import fused, query_engine
-from tl_geometry.core.query_engine import GRAM_FLOAT32_EXPONENT, GRAM_MAX_EXPONENT, separability_queries
+from tl_geometry.core.engine import fused, query_engine
+from tl_geometry.core.engine.query_engine import GRAM_FLOAT32_EXPONENT, GRAM_MAX_EXPONENT, separability_queries
 from tl_geometry.errors import InputError
 
 pytestmark = pytest.mark.skipif(not fused.AVAILABLE, reason="numba is not installed")

@@ -7,9 +7,9 @@ import pytest
 import torch
 from test_query_engine import COUNTED, MEASURED, keys_of, kv_heads, layer_rows
 
-from tl_geometry.core.batched import layer_metrics
+from tl_geometry.core.engine.batched import layer_metrics
+from tl_geometry.core.engine.query_engine import separability_queries
 from tl_geometry.core.numerics import times_pow2
-from tl_geometry.core.query_engine import separability_queries
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -1,4 +1,4 @@
-"""The batched route (core/batched.py) is shaped for a device: a fixed number of tensor operations
+"""The batched route (core/engine/batched.py) is shaped for a device: a fixed number of tensor operations
 per layer, none of which reads a tensor's value on the host.
 
 Run on the CPU under a ``TorchDispatchMode`` that records every aten operation: the count must
@@ -18,8 +18,8 @@ from test_query_engine import assert_matches_reference, layer_rows
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tl_geometry as tlg
-from tl_geometry.core.batched import layer_metrics
-from tl_geometry.core.query_engine import separability_queries
+from tl_geometry.core.engine.batched import layer_metrics
+from tl_geometry.core.engine.query_engine import separability_queries
 
 #: aten operations that read a tensor's value on the host, or whose output shape depends on values.
 HOST_READS = (

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 # whether numba imports and the compiled-or-torch choice: one copy, in dispatch.py
-from tl_geometry.core.dispatch import AVAILABLE, use_compiled
+from tl_geometry.core.compiled import AVAILABLE, use_compiled
 
 if AVAILABLE:
     import numba

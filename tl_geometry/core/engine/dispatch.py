@@ -3,10 +3,10 @@ and which query rows of a layer go to the block pipeline together (:func:`plan_l
 
 Two routes compute the same metrics (docs/engine.md, "Which route runs where"):
 
-* ``"numba"``: the compiled screen on the CPU (:mod:`tl_geometry.core.fused`,
-  :mod:`tl_geometry.core.fused_rows`): a float32 screen, its unsure keys re-checked in float64
+* ``"numba"``: the compiled screen on the CPU (:mod:`tl_geometry.core.engine.fused`,
+  :mod:`tl_geometry.core.engine.fused_rows`): a float32 screen, its unsure keys re-checked in float64
   on the host;
-* ``"torch"``: the batched device route (:mod:`tl_geometry.core.batched`): a fixed number of tensor
+* ``"torch"``: the batched device route (:mod:`tl_geometry.core.engine.batched`): a fixed number of tensor
   operations per layer over every head, row and size, float64 direct distances, no host reads.
 
 ``kernel="auto"`` (or None) takes the compiled screen for CPU tensors where numba imports, the
@@ -24,17 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
 
+from tl_geometry.core.compiled import AVAILABLE
 from tl_geometry.errors import InputError
-
-try:  # numba is a dependency; a broken install falls back to the torch route
-    import numba
-except ImportError:  # pragma: no cover - exercised where numba is missing
-    numba = None  # type: ignore[assignment]
-
-#: Whether the compiled kernels can run here (numba importable).
-AVAILABLE = numba is not None
 
 #: The kernels a caller may ask for (``tlg.separability(kernel=)``, ``tl-geometry run --kernel``).
 KERNELS = ("auto", "numba", "torch")
@@ -72,8 +64,8 @@ def route(device: torch.device, kernel: str | None) -> str:
 
 
 #: From this many query positions of a layer on, those whose query sees every earlier key are
-#: computed together (:func:`tl_geometry.core.query_engine.separability_queries`: same rows, faster);
-#: fewer one position at a time (:func:`tl_geometry.core.separability.separability_rankings`).
+#: computed together (:func:`tl_geometry.core.engine.query_engine.separability_queries`: same rows, faster);
+#: fewer one position at a time (:func:`tl_geometry.core.engine.rows.separability_rankings`).
 MIN_QUERIES_FOR_BLOCKS = 2
 
 
@@ -88,14 +80,14 @@ def blocks_of_queries(n_queries: int) -> bool:
 
 @dataclass(frozen=True)
 class LayerPlan:
-    """How :func:`tl_geometry.core.layer.separability_of_layer` computes the query rows of a layer.
+    """How :func:`tl_geometry.core.engine.layer.separability_of_layer` computes the query rows of a layer.
 
     Attributes
     ----------
     blocks : the indices of the query positions computed together by the block pipeline
-        (:func:`tl_geometry.core.query_engine.separability_queries`), in order.
+        (:func:`tl_geometry.core.engine.query_engine.separability_queries`), in order.
     rows : the indices of those computed one position at a time, each row cut to the keys its query
-        sees (:func:`tl_geometry.core.separability.separability_rankings`), in order.
+        sees (:func:`tl_geometry.core.engine.rows.separability_rankings`), in order.
     """
 
     blocks: tuple[int, ...]
@@ -118,26 +110,7 @@ def plan_layer(first_keys: Sequence[int]) -> LayerPlan:
     return LayerPlan(blocks=(), rows=tuple(range(len(first_keys))))
 
 
-def use_compiled(compiled: bool | None, x: Tensor, *, float64: bool = False, reference: str = "torch") -> bool:
-    """Whether a helper with a compiled (numba) pass and a torch one takes the compiled pass for ``x``.
-
-    ``compiled`` None: where numba imports and ``x`` is a CPU tensor (of float64 where ``float64``).
-    True where that cannot run raises :class:`InputError` naming the ``reference`` to use instead.
-
-    >>> use_compiled(False, torch.zeros(1)), use_compiled(None, torch.zeros(1, dtype=torch.float32), float64=True)
-    (False, False)
-    """
-    runs_here = AVAILABLE and x.device.type == "cpu" and (x.dtype == torch.float64 or not float64)
-    if compiled is None:
-        return runs_here
-    if compiled and not runs_here:
-        tensors = "float64 CPU tensors" if float64 else "a CPU tensor"
-        raise InputError(f"compiled=True needs numba and {tensors}; use compiled=False ({reference})")
-    return compiled
-
-
 __all__ = [
-    "AVAILABLE",
     "KERNELS",
     "LayerPlan",
     "MIN_QUERIES_FOR_BLOCKS",
@@ -146,5 +119,4 @@ __all__ = [
     "check_kernel",
     "plan_layer",
     "route",
-    "use_compiled",
 ]

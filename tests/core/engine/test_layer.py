@@ -1,4 +1,4 @@
-"""The engine's one door for a layer (``core/layer.py``) and its plan (``core/dispatch.py``).
+"""The engine's one door for a layer (``core/engine/layer.py``) and its plan (``core/engine/dispatch.py``).
 
 ``separability_of_layer`` takes every chosen query row of a layer, global or cut by a sliding window,
 and gives each row the metrics of that row alone: counts exactly, distances to 1e-9 against the loop
@@ -15,9 +15,9 @@ import torch
 from reference import row_metrics
 from test_query_engine import COUNTED, MEASURED, keys_of, kv_heads, layer_rows
 
-from tl_geometry.core import dispatch
-from tl_geometry.core.dispatch import LayerPlan, plan_layer
-from tl_geometry.core.layer import separability_of_layer
+from tl_geometry.core.engine import dispatch
+from tl_geometry.core.engine.dispatch import LayerPlan, plan_layer
+from tl_geometry.core.engine.layer import separability_of_layer
 from tl_geometry.core.sizes import clip_ns, resolve_ns
 from tl_geometry.errors import InputError
 

@@ -16,7 +16,7 @@ import einops
 import torch
 from torch import Tensor
 
-from tl_geometry.core import fused_rows
+from tl_geometry.core.engine import fused_rows
 from tl_geometry.core.numerics import cosine_distance
 from tl_geometry.runtime.workspace import WORKSPACE
 
@@ -92,7 +92,7 @@ def decide(
         too small for float32); another dtype only to check the decisions.
     kernel : "numba" or "torch", default "torch"
         ``"numba"``: the decisions of every cell in two compiled passes over the screen
-        (:mod:`tl_geometry.core.fused_rows`; CPU, float32 or float64 screens, else torch);
+        (:mod:`tl_geometry.core.engine.fused_rows`; CPU, float32 or float64 screens, else torch);
         ``"torch"``: tensor passes. The counts and radii are the same.
     """
     n_rows, n_draws, n_keys = order.shape
@@ -391,7 +391,7 @@ def _decide_fused(
     keys: _Keys, s: Tensor, sigma: Tensor, eps: Tensor, upper: Tensor, ns: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """:func:`_decide_group` for every size of the block at once, in the compiled passes of
-    :mod:`tl_geometry.core.fused_rows` (the same decisions; the direct distances and thresholds
+    :mod:`tl_geometry.core.engine.fused_rows` (the same decisions; the direct distances and thresholds
     between the two passes in torch, as the torch path forms them)."""
     n_keys = upper.shape[-1]
     cosine = keys.distance != "euclidean"

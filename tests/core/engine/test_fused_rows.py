@@ -14,7 +14,7 @@ from test_screening import NOISE, decide, near_tie_rows
 from test_separability import random_rows
 
 import tl_geometry as tlg
-from tl_geometry.core import fused_rows
+from tl_geometry.core.engine import fused_rows
 from tl_geometry.errors import InputError
 
 pytestmark = pytest.mark.skipif(not fused_rows.AVAILABLE, reason="numba is not installed")
