@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tl_geometry.core.engine import fused, rankings
+from tl_geometry.core import rankings
+from tl_geometry.core.engine import fused
 from tl_geometry.errors import InputError
 
 MASK = (1 << 64) - 1
