@@ -125,6 +125,20 @@ def test_scores_of_each_ranking():
     assert rankings.top_n_mask(rankings.ranking_scores(w, v, "attention"), 2).tolist() == [[True, True, False, False]]
 
 
+def test_contribution_scores_take_values_shared_by_rows():
+    """A key/value head's values broadcast over its query heads' and queries' rows (the block
+    pipeline's groups): the scores equal those of the values repeated for every row."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.rand(2, 3, 4, 5, generator=g, dtype=torch.float64)  # [group, head, query, key]
+    v = torch.randn(2, 5, 7, generator=g, dtype=torch.float64)  # [group, key, d]
+    shared = rankings.ranking_scores(w, v[:, None, None], "contribution")
+    repeated = rankings.ranking_scores(w, v[:, None, None].expand(2, 3, 4, 5, 7).contiguous(), "contribution")
+    assert torch.equal(shared, repeated)
+    assert torch.equal(
+        rankings.ranking_scores(w, v[:, None, None], "sink_window"), rankings.ranking_scores(w, None, "sink_window")
+    )
+
+
 @pytest.mark.parametrize(
     "call, match",
     [

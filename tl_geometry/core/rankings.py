@@ -203,7 +203,7 @@ def uniform_order(
 @typechecked
 def ranking_scores(
     weights: Float[Tensor, "*batch k"],
-    values: Float[Tensor, "*batch k d"] | None,
+    values: Float[Tensor, "*#batch k d"] | None,
     rank_by: str = "attention",
     *,
     row_keys: Int[Tensor, "*batch"] | None = None,
@@ -217,7 +217,8 @@ def ranking_scores(
     weights : [*batch, K]
         Attention weights ``alpha_i``.
     values : [*batch, K, d] or None
-        Value vectors ``v_i`` (only ``"contribution"`` needs them).
+        Value vectors ``v_i`` (only ``"contribution"`` needs them); batch dimensions of size 1
+        broadcast (the values of a key/value head, shared by its query heads' rows).
     rank_by : "attention", "contribution", "random" or "sink_window"
         ``alpha_i``; ``alpha_i ||v_i||``; a uniform number (see :func:`uniform_scores`); ``+inf``
         for key 0 and ``i`` for the others.

@@ -53,6 +53,7 @@ from tl_geometry.core.rankings import (
     check_n_random,
     check_rank_by,
     check_seed,
+    ranking_scores,
     row_keys,
     selection_order,
     uniform_scores,
@@ -548,7 +549,7 @@ class _BlockRows:
         w = problem.weights[:, :, block, :n_keys].to(torch.float64)  # [b, h, Qb, K]
         w = einops.rearrange(w, "b (g j) q k -> (b g) j q k", g=n_kv)
         v = einops.rearrange(problem.values[:, :n_keys], "b k g d -> (b g) k d")
-        # the per-row scaling of tl_geometry.core.separability: keys 0..q of each row
+        # the per-row scaling of tl_geometry.core.engine.rows: keys 0..q of each row
         weight_exp, _ = scale_exponents(w.amax(dim=-1), w.new_zeros(()), q + 1)
         value_exp = einops.rearrange(problem.value_exps[:, q], "b q g -> (b g) q")  # [P, Qb]
         w = times_pow2(w, -weight_exp[..., None])
@@ -566,12 +567,8 @@ class _BlockRows:
         n_keys = w.shape[-1]
         keys = torch.arange(n_keys, device=w.device)
         padding = keys > q[:, None]  # [Qb, K]
-        if problem.rank_by == "attention":
-            scores = w
-        elif problem.rank_by == "contribution":
-            scores = w * torch.linalg.vector_norm(v, dim=-1)[:, None, None, :]
-        elif problem.rank_by == "sink_window":
-            scores = torch.where(keys == 0, torch.inf, keys.double()).expand_as(w)
+        if problem.rank_by != "random":  # the group's values broadcast over its rows
+            scores = ranking_scores(w, v[:, None, None], problem.rank_by)
         else:
             n_kv = problem.values.shape[2]
             keys_all = problem.row_keys
