@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -191,15 +191,52 @@ def _accumulate(gram, order, factor, t, n, last, acc):  # pragma: no cover - com
         t += 1
 
 
-def _screen_counts(
-    x, gram, order, factor, x_scale, dim, gram_unit, gram_tiny, w, v_norm, rank, ns, q, coef, absolute, s_norm, one,
-    given, counts, cells,
-):  # pragma: no cover  # fmt: skip
-    # x [P, E, G, K] the products (the value route), or, where gram [P, L, L] (L >= K; float64 or
-    # float32, read into float64) is not empty, x [0, 0, 0, 0] float64 and the products formed here
-    # (the Gram route: order, factor [P, E, K], x_scale [P, E], ns non-decreasing; gram_unit and
-    # gram_tiny the rounding of the Gram's storage; see below). w, v_norm, rank [P, E, K]; ns [E, G];
-    # q [E]; absolute, s_norm [P, E, G].
+class ScreenRows(NamedTuple):
+    """The rows of one block's screen, as the compiled pass reads them (:func:`screen_counts`).
+
+    ``one`` is 1 in the screen's dtype (float32 arithmetic stays float32); ``given``: ``x`` holds
+    the screening values themselves (the cosine's) instead of the products.
+    """
+
+    w: np.ndarray  # [P, E, K] the rows' scaled weights
+    v_norm: np.ndarray  # [P, E, K] ||v_i|| in each row's scale
+    rank: np.ndarray  # [P, E, K] int64, each key's place in its row's selection order
+    ns: np.ndarray  # [E, G] int64, the sizes of each row
+    q: np.ndarray  # [E] int64, each row's last key
+    coef: float  # the band's coefficient of ||y_i|| (||y_i|| + 2 ||s||)
+    absolute: np.ndarray  # [P, E, G] float64, the band's part common to a row and size
+    s_norm: np.ndarray  # [P, E, G] float64, ||s||
+    one: Any
+    given: bool
+
+
+class GramProducts(NamedTuple):
+    """The Gram route's inputs of the compiled pass (:func:`gram_screen_counts`); :meth:`none` on the
+    value route, whose products come formed."""
+
+    gram: np.ndarray  # [P, L, L] float64 or float32
+    order: np.ndarray  # [P, E, K] int64, each row's selection order
+    factor: np.ndarray  # [P, E, K] float64, the scaled weight of the t-th selected key
+    x_scale: np.ndarray  # [P, E] float64, the power of two to the row's scale
+    dim: int  # d, the values' dimension (the band)
+    unit: float  # the rounding unit of the Gram's storage
+    tiny: float  # the smallest normal number of the Gram's storage
+
+    @classmethod
+    def none(cls) -> "GramProducts":
+        """No Gram matrix: the value route."""
+        empty = np.empty((0, 0, 0))
+        return cls(empty, np.empty((0, 0, 0), dtype=np.int64), empty, np.empty((0, 0)), 0, 0.0, 0.0)
+
+
+def _screen_counts(x, products, rows, counts, cells):  # pragma: no cover
+    # x [P, E, G, K] the products (the value route), or, where products.gram [P, L, L] (L >= K;
+    # float64 or float32, read into float64) is not empty, x [0, 0, 0, 0] float64 and the products
+    # formed here (the Gram route, GramProducts: order, factor [P, E, K], x_scale [P, E], ns
+    # non-decreasing; unit and tiny the rounding of the Gram's storage; see below). rows
+    # (ScreenRows): w, v_norm, rank [P, E, K]; ns [E, G]; q [E]; absolute, s_norm [P, E, G].
+    gram, order, factor, x_scale, dim, gram_unit, gram_tiny = products
+    w, v_norm, rank, ns, q, coef, absolute, s_norm, one, given = rows
     # counts [2, P, E, G]: the unselected keys surely within r_max, the selected surely within r_min;
     # cells [6, capacity]: the keys to measure, each once: flat [P, K, E, G] index, group, key, row,
     # flat [P, E, G] index of the row and size, and the bits (ListedCells) of what for. Each row and
@@ -425,11 +462,8 @@ def screen_counts(
         raise RuntimeError("the fused kernel needs numba: pip install numba, or use kernel='torch'")
     one = np.ones((), dtype=x.dtype)[()]  # in the screen's dtype: float32 arithmetic stays float32
     counts, cells = _outputs(absolute)
-    none, no_keys = np.empty((0, 0, 0)), np.empty((0, 0, 0), dtype=np.int64)
-    n_cells, cells = _compiled(
-        x, none, no_keys, none, np.empty((0, 0)), 0, 0.0, 0.0, w, v_norm, rank, ns, q, float(coef), absolute, s_norm,
-        one, given, counts, cells,
-    )  # fmt: skip
+    rows = ScreenRows(w, v_norm, rank, ns, q, float(coef), absolute, s_norm, one, given)
+    n_cells, cells = _compiled(x, GramProducts.none(), rows, counts, cells)
     return counts, ListedCells.of(cells[:, :n_cells])
 
 
@@ -491,10 +525,9 @@ def gram_screen_counts(
         raise ValueError(f"gram_screen_counts needs a float64 or float32 Gram matrix, got {gram.dtype}")
     gram_unit, gram_tiny = GRAM_ROUNDING[gram.dtype]
     counts, cells = _outputs(absolute)
-    n_cells, cells = _compiled(
-        np.empty((0, 0, 0, 0)), gram, order, factor, x_scale, int(dim), gram_unit, gram_tiny, w, v_norm, rank, ns, q,
-        float(coef), absolute, s_norm, np.float64(1.0), False, counts, cells,
-    )  # fmt: skip
+    products = GramProducts(gram, order, factor, x_scale, int(dim), gram_unit, gram_tiny)
+    rows = ScreenRows(w, v_norm, rank, ns, q, float(coef), absolute, s_norm, np.float64(1.0), False)
+    n_cells, cells = _compiled(np.empty((0, 0, 0, 0)), products, rows, counts, cells)
     return counts, ListedCells.of(cells[:, :n_cells])
 
 
@@ -782,11 +815,13 @@ __all__ = [
     "AVAILABLE",
     "DISTANCE_CHUNK_BYTES",
     "GRAM_ROUNDING",
+    "GramProducts",
     "KIND_R_MAX",
     "KIND_R_MIN",
     "KIND_WITHIN_R_MAX",
     "KIND_WITHIN_R_MIN",
     "ListedCells",
+    "ScreenRows",
     "cell_coordinates",
     "distances",
     "gram_running_sums",
