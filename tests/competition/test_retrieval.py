@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from intervention_reference import hf_top_n, llama_pair
 
+from tl_geometry import testing
 from tl_geometry.competition import retrieval as module
 from tl_geometry.competition.babi import PEOPLE, PLACES, babi_examples, parse_examples, read_examples
 from tl_geometry.competition.retrieval import ANSWER_COLUMNS, HEAD_COLUMNS, retrieval_under_competition
@@ -26,6 +27,7 @@ from tl_geometry.competition.support import (
 )
 from tl_geometry.corpus import encode_text
 from tl_geometry.errors import InputError
+from tl_geometry.models import describe_model
 from tl_geometry.io.store import StoreError
 
 PLACES_BYTES = ("attic", "barn", "cellar", "den", "garden", "hall")  # distinct first bytes
@@ -98,7 +100,43 @@ def test_support_measures_equal_a_loop_over_hook_pattern(pair, result) -> None:
             assert row.recall_at_top == pytest.approx(sum(rank[s] <= 5 for s in support) / len(support), abs=1e-12)
             assert row.pairwise_outrank == pytest.approx(sum(outranked) / (len(support) * len(others)), abs=1e-12)
             assert row.mean_outranked == pytest.approx(sum(outranked) / len(support), abs=1e-12)
-            assert row.n_keys == q + 1 and row.n_support == len(support)
+            assert row.n_keys == q + 1 and row.n_support == row.n_support_visible == len(support)
+
+
+def test_support_measures_on_sliding_windows_equal_a_loop_over_the_visible_keys() -> None:
+    """A fact pushed out of a sliding window has no mass and no rank on that layer; a window-blind
+    version would rank its zero weights among the window's (and count them as outranked)."""
+    model = testing.tiny_gemma3_bridge(n_layers=3, sliding_window=6)
+    info = describe_model(model)
+    got = retrieval_under_competition(
+        model, examples(2), background=BACKGROUND, amounts=(0, 12), ns=(2,), top=3, progress=False
+    ).heads
+    assert list(got.columns) == HEAD_COLUMNS
+    hidden = 0
+    for (condition, m, i), rows in got.groupby(["condition", "amount", "example_id"]):
+        tokens, support = hand_sequence(model, examples(2)[i], condition, m)
+        q = tokens.shape[1] - 1
+        _, cache = model.run_with_cache(tokens)
+        for row in rows.itertuples():
+            window = info.sliding_windows[row.layer]
+            first = 0 if window is None else max(0, q - window + 1)
+            keys = list(range(first, q + 1))
+            seen = [s for s in support if s >= first]
+            weights = cache[f"blocks.{row.layer}.attn.hook_pattern"][0, row.head, q].tolist()
+            assert row.n_keys == len(keys) and row.n_support_visible == len(seen)
+            if not seen:
+                hidden += 1
+                assert row.mass == 0 and math.isnan(row.rank_displacement) and math.isnan(row.pairwise_outrank)
+                continue
+            order = sorted(keys, key=lambda j: (-weights[j], j))
+            rank = {key: r + 1 for r, key in enumerate(order)}
+            others = [j for j in keys if j not in seen]
+            outranked = [sum(weights[j] >= weights[s] for j in others) for s in seen]
+            assert row.mass == pytest.approx(sum(weights[s] for s in seen), abs=1e-6)
+            assert row.rank_displacement == min(rank[s] for s in seen)
+            assert row.recall_at_top == pytest.approx(sum(rank[s] <= 3 for s in seen) / len(seen), abs=1e-12)
+            assert row.mean_outranked == pytest.approx(sum(outranked) / len(seen), abs=1e-12)
+    assert hidden > 0  # the windows did hide the fact somewhere
 
 
 @given(st.lists(st.integers(0, 4), min_size=2, max_size=12), st.data())

@@ -39,6 +39,7 @@ from tl_geometry.capture.hooks import model_device
 from tl_geometry.competition.babi import RetrievalExample, babi_examples, check_examples, examples_sha256
 from tl_geometry.competition.fact import SEPARATOR, background_tokens, check_amounts, check_sizes, query_rows_hook
 from tl_geometry.competition.support import (
+    hidden_support,
     answer_summary,
     candidate_scores,
     retrieval_n_star,
@@ -63,7 +64,7 @@ DEFAULT_TOLERANCE = 0.10
 DEFAULT_TOP = 64
 PROGRESS_FILE = "retrieval.json"
 #: Bumped when a measure's definition changes: a saved run of another version is not resumed into this one.
-MEASURES_VERSION = 1
+MEASURES_VERSION = 2  # 2: the support measured over the keys a sliding-window query sees
 HEAD_COLUMNS = [
     "condition",
     "amount",
@@ -76,6 +77,7 @@ HEAD_COLUMNS = [
     "pairwise_outrank",
     "mean_outranked",
     "n_support",
+    "n_support_visible",
     "n_keys",
     "top",
 ]
@@ -426,18 +428,21 @@ def measure_unit(
         hooks = [(hook_pattern_name(layer), keep_rows) for layer in range(info.n_layers)]
         logits = last_logits(model, tokens, 1, hooks)[0, -1].cpu()
         loss_full, correct_full = candidate_scores(logits, first_tokens, answer)
-        stacked = torch.stack([rows[layer][0] for layer in range(info.n_layers)])  # [layer, head, key]
-        measures = support_measures(stacked[..., : q + 1], support, top)
-        for layer in range(info.n_layers):
+        for layer in range(info.n_layers):  # over the keys the query sees (a sliding window may hide the fact)
+            first = info.first_visible_key(layer, q)
+            seen = support[support >= first] - first
+            row = rows[layer][0][:, first : q + 1]  # [head, key]
+            measures = support_measures(row, seen, top) if seen.numel() else hidden_support(row)
             for head in range(info.n_heads):
                 head_rows.append(
                     {
                         **keys,
                         "layer": layer,
                         "head": head,
-                        **{name: float(value[layer, head]) for name, value in measures.items()},
+                        **{name: float(value[head]) for name, value in measures.items()},
                         "n_support": len(support),
-                        "n_keys": q + 1,
+                        "n_support_visible": int(seen.numel()),
+                        "n_keys": q + 1 - first,
                         "top": top,
                     }
                 )

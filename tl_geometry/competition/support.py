@@ -56,6 +56,14 @@ def support_measures(row: Float[Tensor, "*units key"], support: Tensor, top: int
     }
 
 
+def hidden_support(row: Float[Tensor, "*units key"]) -> dict[str, Float[Tensor, "*units"]]:
+    """The measures of :func:`support_measures` where no support key is visible (a sliding window
+    cut them off): no mass, and no rank, recall or outranking to speak of (NaN)."""
+    nan = torch.full(row.shape[:-1], np.nan, dtype=torch.float64)
+    names = ("rank_displacement", "recall_at_top", "pairwise_outrank", "mean_outranked")
+    return {"mass": torch.zeros(row.shape[:-1], dtype=torch.float64), **{name: nan.clone() for name in names}}
+
+
 def candidate_scores(logits: Float[Tensor, " vocab"], first_tokens: Tensor, answer: int) -> tuple[float, bool]:
     """``answer_loss`` (nats) and ``correct`` of the candidates whose first tokens are ``first_tokens``."""
     scores = logits[first_tokens].to(torch.float64)
@@ -137,7 +145,8 @@ def retrieval_n_star(summary: pd.DataFrame, tolerance: float) -> pd.DataFrame:
 
 
 def support_summary(heads: pd.DataFrame) -> pd.DataFrame:
-    """Per ``(condition, amount)``: the support measures' means over examples, layers and heads."""
+    """Per ``(condition, amount)``: the support measures' means over examples, layers and heads
+    (the ranks, recall and outranking over the heads that see a support key; the mass over all)."""
     measures = ["mass", "rank_displacement", "recall_at_top", "pairwise_outrank", "mean_outranked", "n_keys"]
     out = heads.groupby(["condition", "amount"], sort=True)[measures].mean().reset_index()
     out.insert(2, "n_examples", heads.groupby(["condition", "amount"], sort=True).example_id.nunique().values)
@@ -148,6 +157,7 @@ __all__ = [
     "answer_summary",
     "candidate_scores",
     "censored_n_star",
+    "hidden_support",
     "retrieval_n_star",
     "support_measures",
     "support_summary",
