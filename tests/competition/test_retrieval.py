@@ -27,8 +27,8 @@ from tl_geometry.competition.support import (
 )
 from tl_geometry.corpus import encode_text
 from tl_geometry.errors import InputError
-from tl_geometry.models import describe_model
 from tl_geometry.io.store import StoreError
+from tl_geometry.models import describe_model
 
 PLACES_BYTES = ("attic", "barn", "cellar", "den", "garden", "hall")  # distinct first bytes
 BACKGROUND = "def f(x):\n    return x + 1\n" * 10

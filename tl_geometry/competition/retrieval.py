@@ -39,9 +39,9 @@ from tl_geometry.capture.hooks import model_device
 from tl_geometry.competition.babi import RetrievalExample, babi_examples, check_examples, examples_sha256
 from tl_geometry.competition.fact import SEPARATOR, background_tokens, check_amounts, check_sizes, query_rows_hook
 from tl_geometry.competition.support import (
-    hidden_support,
     answer_summary,
     candidate_scores,
+    hidden_support,
     retrieval_n_star,
     support_measures,
     support_summary,
