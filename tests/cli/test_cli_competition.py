@@ -65,6 +65,14 @@ def fact_argv(tmp_path, *extra):
             "--no-progress", "--out", str(tmp_path / "fact"), *extra]  # fmt: skip
 
 
+def context_argv(tmp_path):
+    """A small context run on one document (the output folder given by the caller)."""
+    doc = tmp_path / "doc.txt"
+    doc.write_text("the quick brown fox jumps over the lazy dog; " * 3)
+    return ["context", "--corpus", str(doc), "--n-docs", "1", "--contexts", "8,16", "--targets", "4", "--ns", "2",
+            "--renormalize", "deletion", "--bootstrap", "0", "--no-progress"]  # fmt: skip
+
+
 def test_context_prints_and_keeps_a_censored_n_star(tiny, tmp_path, capsys) -> None:
     doc = tmp_path / "doc.txt"
     doc.write_text("the quick brown fox jumps over the lazy dog; " * 3)
@@ -233,30 +241,7 @@ def test_a_foreign_folder_is_refused_before_its_lock_is_made(tiny, tmp_path, cap
     folder = tmp_path / "mine"
     folder.mkdir()
     (folder / "notes.txt").write_text("mine")
-    doc = tmp_path / "doc.txt"
-    doc.write_text("the quick brown fox jumps over the lazy dog; " * 3)
-    argv = (
-        fact_argv(tmp_path)
-        if command == "fact"
-        else [
-            "context",
-            "--corpus",
-            str(doc),
-            "--n-docs",
-            "1",
-            "--contexts",
-            "8,16",
-            "--targets",
-            "4",
-            "--ns",
-            "2",
-            "--renormalize",
-            "deletion",
-            "--bootstrap",
-            "0",
-            "--no-progress",
-        ]  # fmt: skip
-    )
+    argv = fact_argv(tmp_path) if command == "fact" else context_argv(tmp_path)
     argv = [*argv, "--out", str(folder), *([mode] if mode else [])]
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -266,31 +251,8 @@ def test_a_foreign_folder_is_refused_before_its_lock_is_made(tiny, tmp_path, cap
 
 @pytest.mark.parametrize("command", ["fact", "context"])
 def test_report_rebuilds_the_page_of_a_finished_fact_or_context(tiny, tmp_path, capsys, monkeypatch, command) -> None:
-    doc = tmp_path / "doc.txt"
-    doc.write_text("the quick brown fox jumps over the lazy dog; " * 3)
     out = tmp_path / "out"
-    argv = (
-        fact_argv(tmp_path)
-        if command == "fact"
-        else [
-            "context",
-            "--corpus",
-            str(doc),
-            "--n-docs",
-            "1",
-            "--contexts",
-            "8,16",
-            "--targets",
-            "4",
-            "--ns",
-            "2",
-            "--renormalize",
-            "deletion",
-            "--bootstrap",
-            "0",
-            "--no-progress",
-        ]  # fmt: skip
-    )
+    argv = fact_argv(tmp_path) if command == "fact" else context_argv(tmp_path)
     assert main([*argv, "--out", str(out)]) == 0
     written = (out / "index.html").read_text()
     (out / "index.html").unlink()
