@@ -340,8 +340,7 @@ def retrieval_under_competition(
     if refused is not None:
         raise StoreError(refused)
     if world is not None:  # rank 0 read the saved units; every rank measures the rest
-        store.done = world.share(store.done)
-        store.heads, store.answers = world.share((store.heads, store.answers))
+        store.done, store.heads, store.answers = world.share((store.done, store.heads, store.answers))
     device = model_device(model)
     # every condition of one amount before the next amount: an interrupted run holds comparable points
     units = [(c, m, i) for m in sizes for c in condition_list for i in range(len(example_list))]
